@@ -1,0 +1,257 @@
+//! GGUF model files: open, validate, read metadata and tensors.
+//!
+//! Parsing is candle's bounded `gguf_file` reader; this module adds what a server needs
+//! before it trusts a file: the magic is checked first (a clear "not a GGUF" error), and
+//! every tensor's byte range is checked against the real file size, so a truncated
+//! download is a typed error, never a short read or a SIGBUS while serving. Tensor bytes
+//! are copied out of the map into candle-owned storage; the map is dropped after load.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{QStorage, QTensor};
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+pub struct Gguf {
+    path: PathBuf,
+    map: Mmap,
+    content: Content,
+}
+
+impl Gguf {
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |source| Error::Io { path: path.to_owned(), source };
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if file.metadata().map_err(io)?.is_dir() {
+            return Err(io(std::io::Error::other("is a directory")));
+        }
+        if len < 8 {
+            return Err(Error::NotGguf { path: path.to_owned() });
+        }
+        // SAFETY: the file is opened read-only and only read through this map during load;
+        // every range read below is bounds-checked against `len`. Model files are not
+        // expected to be rewritten while a model loads (a concurrent truncation would be a
+        // SIGBUS, the same contract as llama.cpp's mmap loading).
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        if &map[..4] != b"GGUF" {
+            return Err(Error::NotGguf { path: path.to_owned() });
+        }
+        let content = Content::read(&mut Cursor::new(&map[..]))
+            .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: e.to_string() })?;
+        let gguf = Self { path: path.to_owned(), map, content };
+        gguf.check_tensor_ranges()?;
+        Ok(gguf)
+    }
+
+    fn check_tensor_ranges(&self) -> Result<()> {
+        let have = self.map.len() as u64;
+        for (name, info) in &self.content.tensor_infos {
+            let (start, end) = self.byte_range(name, info)?;
+            if end > have || start > end {
+                return Err(Error::Truncated {
+                    path: self.path.clone(),
+                    tensor: name.clone(),
+                    need: end,
+                    have,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn byte_range(
+        &self,
+        name: &str,
+        info: &candle_core::quantized::gguf_file::TensorInfo,
+    ) -> Result<(u64, u64)> {
+        let dtype = info.ggml_dtype;
+        let elems = info.shape.elem_count() as u64;
+        let block = dtype.block_size() as u64;
+        if elems % block != 0 {
+            return Err(self.bad(format!("tensor {name}: {elems} elements is not a multiple of {block}")));
+        }
+        let bytes = (elems / block)
+            .checked_mul(dtype.type_size() as u64)
+            .ok_or_else(|| self.bad(format!("tensor {name}: size overflows")))?;
+        let start = self
+            .content
+            .tensor_data_offset
+            .checked_add(info.offset)
+            .ok_or_else(|| self.bad(format!("tensor {name}: offset overflows")))?;
+        let end = start
+            .checked_add(bytes)
+            .ok_or_else(|| self.bad(format!("tensor {name}: size overflows")))?;
+        Ok((start, end))
+    }
+
+    fn bad(&self, reason: String) -> Error {
+        Error::BadGguf { path: self.path.clone(), reason }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn architecture(&self) -> Result<&str> {
+        self.str("general.architecture")
+    }
+
+    fn value(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn missing(key: &str) -> Error {
+        Error::Metadata { key: key.to_owned() }
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.value(key).is_some()
+    }
+
+    pub fn str(&self, key: &str) -> Result<&str> {
+        match self.value(key) {
+            Some(Value::String(s)) => Ok(s),
+            _ => Err(Self::missing(key)),
+        }
+    }
+
+    pub fn opt_str(&self, key: &str) -> Option<&str> {
+        self.str(key).ok()
+    }
+
+    /// Any integer type that fits a u32 (writers differ in which width they use).
+    pub fn u32(&self, key: &str) -> Result<u32> {
+        let v = match self.value(key) {
+            Some(Value::U8(v)) => Some(*v as u64),
+            Some(Value::U16(v)) => Some(*v as u64),
+            Some(Value::U32(v)) => Some(*v as u64),
+            Some(Value::U64(v)) => Some(*v),
+            Some(Value::I8(v)) => u64::try_from(*v).ok(),
+            Some(Value::I16(v)) => u64::try_from(*v).ok(),
+            Some(Value::I32(v)) => u64::try_from(*v).ok(),
+            Some(Value::I64(v)) => u64::try_from(*v).ok(),
+            _ => None,
+        };
+        v.and_then(|v| u32::try_from(v).ok()).ok_or_else(|| Self::missing(key))
+    }
+
+    pub fn opt_u32(&self, key: &str) -> Option<u32> {
+        self.u32(key).ok()
+    }
+
+    pub fn f32(&self, key: &str) -> Result<f32> {
+        match self.value(key) {
+            Some(Value::F32(v)) => Ok(*v),
+            Some(Value::F64(v)) => Ok(*v as f32),
+            _ => Err(Self::missing(key)),
+        }
+    }
+
+    pub fn opt_f32(&self, key: &str) -> Option<f32> {
+        self.f32(key).ok()
+    }
+
+    pub fn opt_bool(&self, key: &str) -> Option<bool> {
+        match self.value(key) {
+            Some(Value::Bool(b)) => Some(*b),
+            _ => None,
+        }
+    }
+
+    fn array(&self, key: &str) -> Result<&[Value]> {
+        match self.value(key) {
+            Some(Value::Array(v)) => Ok(v),
+            _ => Err(Self::missing(key)),
+        }
+    }
+
+    pub fn str_array(&self, key: &str) -> Result<Vec<&str>> {
+        self.array(key)?
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s.as_str()),
+                _ => Err(Self::missing(key)),
+            })
+            .collect()
+    }
+
+    pub fn f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        self.array(key)?
+            .iter()
+            .map(|v| match v {
+                Value::F32(x) => Ok(*x),
+                _ => Err(Self::missing(key)),
+            })
+            .collect()
+    }
+
+    pub fn i32_array(&self, key: &str) -> Result<Vec<i32>> {
+        self.array(key)?
+            .iter()
+            .map(|v| match v {
+                Value::I32(x) => Ok(*x),
+                Value::U32(x) => i32::try_from(*x).map_err(|_| Self::missing(key)),
+                Value::U8(x) => Ok(*x as i32),
+                _ => Err(Self::missing(key)),
+            })
+            .collect()
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Dimensions of a tensor, outermost first (`[rows, cols]` for a weight matrix).
+    pub fn dims(&self, name: &str) -> Result<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|i| i.shape.dims().to_vec())
+            .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })
+    }
+
+    /// A tensor in its stored (possibly quantized) format, copied into candle storage.
+    pub fn qtensor(&self, name: &str) -> Result<QTensor> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })?;
+        let (start, end) = self.byte_range(name, info)?;
+        // Ranges were validated against the map length at open.
+        let bytes = &self.map[start as usize..end as usize];
+        // candle casts the bytes to its block structs and asserts alignment (at most 4 for
+        // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so.
+        let data: Cow<'_, [u8]> = if (bytes.as_ptr() as usize) % 4 == 0 {
+            Cow::Borrowed(bytes)
+        } else {
+            Cow::Owned(bytes.to_vec())
+        };
+        let storage = QStorage::from_data(data, &Device::Cpu, info.ggml_dtype)?;
+        Ok(QTensor::new(storage, info.shape.clone())?)
+    }
+
+    /// A small tensor (norm weights) as f32, dequantized if needed.
+    pub fn f32_tensor(&self, name: &str, expect_len: usize) -> Result<Vec<f32>> {
+        let t = self.qtensor(name)?.dequantize(&Device::Cpu)?;
+        let v = t.flatten_all()?.to_vec1::<f32>()?;
+        if v.len() != expect_len {
+            return Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("has {} elements, expected {expect_len}", v.len()),
+            });
+        }
+        Ok(v)
+    }
+}

@@ -1,0 +1,9 @@
+//! Wire types shared by every corral process: model ids, public API shapes, error kinds.
+//!
+//! This crate owns *shapes*, never behaviour: no I/O, no tokio, no model code. Both the
+//! engine and the gateway depend on it, so a string that crosses a process boundary is
+//! defined here exactly once.
+
+mod model_id;
+
+pub use model_id::{ModelId, ModelIdError, MAX_MODEL_ID_LEN};
