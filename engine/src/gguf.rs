@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{QStorage, QTensor};
+use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
@@ -221,8 +221,8 @@ impl Gguf {
             .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })
     }
 
-    /// A tensor in its stored (possibly quantized) format, copied into candle storage.
-    pub fn qtensor(&self, name: &str) -> Result<QTensor> {
+    /// A tensor's stored bytes and format.
+    pub fn raw(&self, name: &str) -> Result<(&[u8], GgmlDType)> {
         let info = self
             .content
             .tensor_infos
@@ -230,7 +230,13 @@ impl Gguf {
             .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })?;
         let (start, end) = self.byte_range(name, info)?;
         // Ranges were validated against the map length at open.
-        let bytes = &self.map[start as usize..end as usize];
+        Ok((&self.map[start as usize..end as usize], info.ggml_dtype))
+    }
+
+    /// A tensor in its stored (possibly quantized) format, copied into candle storage.
+    pub fn qtensor(&self, name: &str) -> Result<QTensor> {
+        let (bytes, dtype) = self.raw(name)?;
+        let shape = self.content.tensor_infos[name].shape.clone();
         // candle casts the bytes to its block structs and asserts alignment (at most 4 for
         // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so.
         let data: Cow<'_, [u8]> = if (bytes.as_ptr() as usize) % 4 == 0 {
@@ -238,8 +244,8 @@ impl Gguf {
         } else {
             Cow::Owned(bytes.to_vec())
         };
-        let storage = QStorage::from_data(data, &Device::Cpu, info.ggml_dtype)?;
-        Ok(QTensor::new(storage, info.shape.clone())?)
+        let storage = QStorage::from_data(data, &Device::Cpu, dtype)?;
+        Ok(QTensor::new(storage, shape)?)
     }
 
     /// A small tensor (norm weights) as f32, dequantized if needed.

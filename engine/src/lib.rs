@@ -8,6 +8,9 @@
 pub mod config;
 pub mod error;
 pub mod gguf;
+pub mod kernels;
+pub mod kv;
+pub mod model;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,107 @@
+//! Weight matrices and the embedding table in their stored (quantized) format.
+//!
+//! `Linear::forward` is the matmul seam: `[m, in] x W^T -> [m, out]` on plain f32
+//! slices, dispatched per GGML type: our own llama.cpp-faithful kernels where we have
+//! them (`super::quant`), candle's `QMatMul` (its AVX2/AVX-512 and NEON vec-dot and
+//! repacked kernels) for every other format.
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+
+use super::quant::QuantMatMul;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+
+enum Kernel {
+    Own(QuantMatMul),
+    Candle(QMatMul),
+}
+
+pub struct Linear {
+    kernel: Kernel,
+    in_dim: usize,
+    out_dim: usize,
+    dtype: GgmlDType,
+}
+
+impl Linear {
+    /// Load `name`, checking it is `[out_dim, in_dim]`.
+    pub fn load(g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Self> {
+        let dims = g.dims(name)?;
+        if dims != [out_dim, in_dim] {
+            return Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("shape {dims:?}, expected [{out_dim}, {in_dim}]"),
+            });
+        }
+        let (bytes, dtype) = g.raw(name)?;
+        let kernel = if QuantMatMul::supports(dtype) {
+            Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?)
+        } else {
+            Kernel::Candle(QMatMul::from_qtensor(g.qtensor(name)?)?)
+        };
+        Ok(Self { kernel, in_dim, out_dim, dtype })
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    pub fn dtype(&self) -> GgmlDType {
+        self.dtype
+    }
+
+    /// `x` is `[m, in_dim]` row-major; returns `[m, out_dim]`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        debug_assert_eq!(x.len(), m * self.in_dim);
+        match &self.kernel {
+            Kernel::Own(k) => Ok(k.forward(x, m)),
+            Kernel::Candle(w) => {
+                let t = Tensor::from_slice(x, (m, self.in_dim), &Device::Cpu)?;
+                Ok(w.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+            }
+        }
+    }
+}
+
+/// Token embedding table, looked up row by row without dequantizing the whole matrix
+/// (Gemma's 262k x 640 table would be 670 MB as f32).
+pub struct Embedding {
+    table: QTensor,
+    vocab: usize,
+    hidden: usize,
+}
+
+impl Embedding {
+    pub fn load(g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Self> {
+        let table = g.qtensor(name)?;
+        let dims = table.shape().dims().to_vec();
+        if dims != [vocab, hidden] {
+            return Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("shape {dims:?}, expected [{vocab}, {hidden}]"),
+            });
+        }
+        Ok(Self { table, vocab, hidden })
+    }
+
+    /// `[tokens.len(), hidden]`. Ids were validated against the vocabulary by the caller.
+    pub fn lookup(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        debug_assert!(tokens.iter().all(|&t| (t as usize) < self.vocab));
+        let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
+        Ok(self.table.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The table as an output projection (tied embeddings).
+    pub fn to_linear(&self, g: &Gguf, name: &str) -> Result<Linear> {
+        Linear::load(g, name, self.hidden, self.vocab)
+    }
+}

@@ -1,0 +1,40 @@
+//! Compute kernels, the seam between architectures and hardware.
+//!
+//! Architectures (`crate::model`) only call what this module exports: `Linear` (a
+//! weight matrix in its stored format, today backed by candle's quantized matmuls per
+//! GGML type), `attention` over the paged KV cache, and the small row ops in `ops`. A
+//! faster kernel for one quantization format, or a GPU backend, replaces an
+//! implementation here without touching `llama.rs` or `gemma3.rs`.
+
+mod attention;
+mod linear;
+pub mod ops;
+mod quant;
+
+pub use attention::{AttnSpec, attention};
+pub use linear::{Embedding, Linear};
+
+/// Split `out` into chunks of `chunk` elements and run `f(chunk_index, chunk)` for each
+/// on the worker pool (inline when `work` is small). Each chunk is handed to exactly one
+/// call; the per-chunk mutex is uncontended and only proves that to the compiler.
+pub(crate) fn parallel_chunks(out: &mut [f32], chunk: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let slots: Vec<std::sync::Mutex<&mut [f32]>> = out.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
+    parallel_for(slots.len(), work, |range| {
+        for i in range {
+            let mut c = slots[i].lock().unwrap_or_else(|e| e.into_inner());
+            f(i, &mut c);
+        }
+    });
+}
+
+/// Run `f` over `0..n` items on candle's CPU worker pool (the one its matmuls use, so
+/// our kernels never compete with spinning matmul workers), or inline when the work is
+/// too small to pay for waking the pool.
+pub(crate) fn parallel_for(n: usize, work: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    const MIN_PARALLEL_WORK: usize = 1 << 16;
+    if n < 2 || work < MIN_PARALLEL_WORK {
+        f(0..n);
+    } else {
+        candle_core::utils::barrier_pool().execute_chunked(n, f);
+    }
+}

@@ -1,0 +1,219 @@
+//! Row-wise f32 ops of the transformer block: RMSNorm, rotary embedding, gated
+//! activations, residual add. Written as plain loops over contiguous rows so the
+//! compiler vectorizes them. Numerics follow ggml's x86 CPU kernels exactly (see
+//! `super::attention` for why): f64 sum of squares in RMSNorm, rotary angles by repeated
+//! f32 multiplication, SiLU through ggml's polynomial `exp`, GELU through its f16 table.
+
+use std::sync::OnceLock;
+
+use half::f16;
+
+/// In place: each row of width `w.len()` becomes `x / rms(x) * w`.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let scale = rms_scale(row, eps);
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+/// `rms_norm_inplace` into a new buffer.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = x.to_vec();
+    rms_norm_inplace(&mut out, w, eps);
+    out
+}
+
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / row.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+pub fn scale_inplace(x: &mut [f32], s: f32) {
+    for v in x {
+        *v *= s;
+    }
+}
+
+/// `g = silu(g) * u` (SwiGLU). ggml vectorizes whole 16-wide groups with its own `exp`
+/// and finishes a ragged tail with libm's.
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    let simd = g.len() & !15;
+    for (i, (a, b)) in g.iter_mut().zip(u).enumerate() {
+        let e = if i < simd { expf(0.0 - *a) } else { (-*a).exp() };
+        *a = (*a / (1.0 + e)) * b;
+    }
+}
+
+/// `g = gelu(g) * u` (GeGLU, tanh approximation), through ggml's table of GELU at every
+/// f16 input rounded to f16.
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    let table = gelu_table();
+    for (a, b) in g.iter_mut().zip(u) {
+        let x = *a;
+        *a = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * b
+        } else {
+            table[f16::from_f32(x).to_bits() as usize].to_f32() * b
+        };
+    }
+}
+
+fn gelu_table() -> &'static [f16] {
+    static TABLE: OnceLock<Vec<f16>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        const GELU_COEF_A: f32 = 0.044715;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = f16::from_bits(bits).to_f32();
+                let inner = SQRT_2_OVER_PI * x * (GELU_COEF_A * x).mul_add(x, 1.0);
+                f16::from_f32(0.5 * x * (1.0 + inner.tanh()))
+            })
+            .collect()
+    })
+}
+
+/// ggml's vectorized `expf` (`ggml_v_expf`), lane by lane: a degree-5 polynomial on a
+/// reduced argument, scaled by 2^n; results under/overflow to 0/inf past |n| > 192.
+pub(crate) fn expf(x: f32) -> f32 {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    // scalef: j * 2^n with a single rounding (exact in f64, then one f32 rounding).
+    (j as f64 * 2f64.powi(n as i32)) as f32
+}
+
+
+/// Which pairs of a head's dimensions rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// (0,1), (2,3), ...: llama.cpp's "normal" mode; GGUF llama weights are permuted for it.
+    Interleaved,
+    /// (i, i + d/2): GPT-NeoX style, used by Gemma.
+    Neox,
+}
+
+/// cos/sin of every rotary angle for a run of consecutive positions.
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    pub fn new(pos0: usize, n: usize, head_dim: usize, base: f32) -> Self {
+        let half = head_dim / 2;
+        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for p in pos0..pos0 + n {
+            let mut theta = p as f32;
+            for _ in 0..half {
+                cos.push(theta.cos());
+                sin.push(theta.sin());
+                theta *= theta_scale;
+            }
+        }
+        Self { half, cos, sin }
+    }
+
+    /// Rotate `x` laid out `[n][heads][head_dim]` in place.
+    pub fn apply(&self, x: &mut [f32], heads: usize, style: RopeStyle) {
+        let d = self.half * 2;
+        for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+            let cos = &self.cos[t * self.half..][..self.half];
+            let sin = &self.sin[t * self.half..][..self.half];
+            for head in row.chunks_exact_mut(d) {
+                match style {
+                    RopeStyle::Interleaved => {
+                        for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                            let (a, b) = (pair[0], pair[1]);
+                            pair[0] = a.mul_add(cos[i], -(b * sin[i]));
+                            pair[1] = a.mul_add(sin[i], b * cos[i]);
+                        }
+                    }
+                    RopeStyle::Neox => {
+                        let (lo, hi) = head.split_at_mut(self.half);
+                        for i in 0..self.half {
+                            let (a, b) = (lo[i], hi[i]);
+                            lo[i] = a.mul_add(cos[i], -(b * sin[i]));
+                            hi[i] = a.mul_add(sin[i], b * cos[i]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let mut x = vec![3.0, 4.0, 0.0, 0.0];
+        rms_norm_inplace(&mut x, &[1.0, 1.0], 1e-6);
+        let r = (12.5f32 + 1e-6).sqrt();
+        assert!((x[0] - 3.0 / r).abs() < 1e-6 && (x[1] - 4.0 / r).abs() < 1e-6);
+        assert_eq!(&x[2..], &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn rope_position_zero_is_identity_and_preserves_norm() {
+        let t = RopeTable::new(0, 2, 4, 10_000.0);
+        let mut x = vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0];
+        t.apply(&mut x, 1, RopeStyle::Neox);
+        assert_eq!(&x[..4], &[1.0, 2.0, 3.0, 4.0]);
+        let n0: f32 = [1.0f32, 2.0, 3.0, 4.0].iter().map(|v| v * v).sum();
+        let n1: f32 = x[4..].iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-4);
+        // Position 1, first pair rotates by exactly 1 radian.
+        let mut y = vec![1.0, 0.0, 0.0, 0.0];
+        RopeTable::new(1, 1, 4, 10_000.0).apply(&mut y, 1, RopeStyle::Interleaved);
+        assert!((y[0] - 1f32.cos()).abs() < 1e-6 && (y[1] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ggml_expf_is_accurate() {
+        for i in -2000..=0 {
+            let x = i as f32 / 20.0;
+            let (a, b) = (expf(x), x.exp());
+            assert!((a - b).abs() <= 4.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE), "{x}: {a} vs {b}");
+        }
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(0.0), 1.0);
+    }
+
+    #[test]
+    fn gated_activations() {
+        let mut g = vec![0.0, 1.0, -1.0];
+        silu_mul(&mut g, &[1.0, 2.0, 1.0]);
+        assert!((g[1] - 2.0 * 0.731_058_6).abs() < 1e-5 && (g[2] + 0.268_941_4).abs() < 1e-5);
+        let mut h = vec![0.0, 1.0];
+        gelu_mul(&mut h, &[1.0, 1.0]);
+        assert_eq!(h[0], 0.0);
+        assert!((h[1] - 0.841_192).abs() < 1e-3);
+    }
+}

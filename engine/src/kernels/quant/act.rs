@@ -1,0 +1,121 @@
+//! Activation quantization, as ggml does it on x86:
+//! - Q8_0 / Q8_1 (AVX2 `quantize_row_q8_*`): scale `d = amax/127` stored as f16, values
+//!   `round_half_even(x * (127/amax))`, and for Q8_1 the f16 of `d * sum(q)`;
+//! - Q8_K (256 values, for the K-quants): `iscale = -127/max` where `max` is the signed
+//!   value of largest magnitude, `d = 1/iscale` kept as f32, plus sums of 16. Row groups
+//!   of four that feed the repacked Q4_K matmul use ggml's `quantize_mat_q8_K_4x8`, whose
+//!   sign choice differs from the scalar one when both +amax and -amax occur.
+
+use half::f16;
+
+/// Values per block of the 32-wide formats.
+pub(crate) const QK: usize = 32;
+/// Values per super-block of the K-quants.
+pub(crate) const QK_K: usize = 256;
+
+#[derive(Clone, Copy)]
+pub(crate) struct ActQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    /// Sums of each 16 consecutive `qs`.
+    pub bsums: [i32; QK_K / 16],
+}
+
+/// How a Q8_K row picks the sign of its scale (see the module comment).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Q8KSign {
+    /// `quantize_row_q8_K_ref`: the first value of largest magnitude decides.
+    FirstMax,
+    /// `quantize_mat_q8_K_4x8`: negative unless only -amax occurs.
+    AnyPositiveMax,
+}
+
+pub(crate) fn quantize_q8_k(xs: &[f32], sign: Q8KSign) -> Vec<ActQ8K> {
+    xs.chunks_exact(QK_K).map(|b| quantize_block_k(b, sign)).collect()
+}
+
+fn quantize_block_k(xs: &[f32], sign: Q8KSign) -> ActQ8K {
+    let mut out = ActQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &x in xs {
+        if x.abs() > amax {
+            amax = x.abs();
+            max = x;
+        }
+    }
+    if amax == 0.0 {
+        return out;
+    }
+    let iscale = match sign {
+        Q8KSign::FirstMax => -127.0 / max,
+        Q8KSign::AnyPositiveMax if xs.contains(&amax) => -127.0 / amax,
+        Q8KSign::AnyPositiveMax => 127.0 / amax,
+    };
+    for (q, &x) in out.qs.iter_mut().zip(xs) {
+        let v = match sign {
+            // ggml's nearest_int(iscale * x) adds 1.5 * 2^23 to round; compiled with FMA
+            // contraction that is one fused multiply-add, so the product is never rounded.
+            Q8KSign::FirstMax => (iscale * x).round_ties_even() as i32,
+            // The AVX2 4-row routine multiplies, then rounds.
+            Q8KSign::AnyPositiveMax => (iscale * x).round_ties_even() as i32,
+        };
+        *q = v.min(127) as i8;
+    }
+    for (s, group) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
+        *s = group.iter().map(|&q| q as i32).sum();
+    }
+    out.d = 1.0 / iscale;
+    out
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct ActQ8 {
+    /// The f16 scale, widened.
+    pub d: f32,
+    /// Q8_1 only: f16(d * sum(qs)), widened.
+    pub s: f32,
+    pub qs: [i8; QK],
+}
+
+fn quantize_block(xs: &[f32], with_sum: bool) -> ActQ8 {
+    let amax = xs.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; QK];
+    let mut sum = 0i32;
+    for (q, &x) in qs.iter_mut().zip(xs) {
+        let v = (x * id).round_ties_even() as i32;
+        *q = v.clamp(-128, 127) as i8;
+        sum += *q as i32;
+    }
+    let s = if with_sum { f16::from_f32(d * sum as f32).to_f32() } else { 0.0 };
+    ActQ8 { d: f16::from_f32(d).to_f32(), s, qs }
+}
+
+pub(crate) fn quantize_q8_0(x: &[f32]) -> Vec<ActQ8> {
+    x.chunks_exact(QK).map(|b| quantize_block(b, false)).collect()
+}
+
+pub(crate) fn quantize_q8_1(x: &[f32]) -> Vec<ActQ8> {
+    x.chunks_exact(QK).map(|b| quantize_block(b, true)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantizes_like_ggml() {
+        let mut x = [0.0f32; QK];
+        x[0] = 1.27;
+        x[1] = -0.635; // exactly -63.5 after scaling: ties to even -> -64
+        x[2] = 0.005; // 0.5 -> 0
+        x[3] = 0.015; // 1.5 -> 2
+        let b = quantize_block(&x, true);
+        assert_eq!(&b.qs[..4], &[127, -64, 0, 2]);
+        assert_eq!(b.d, f16::from_f32(0.01).to_f32());
+        assert_eq!(b.s, f16::from_f32(0.01 * (127 - 64 + 2) as f32).to_f32());
+        let z = quantize_block(&[0.0; QK], true);
+        assert_eq!((z.d, z.s, z.qs), (0.0, 0.0, [0; QK]));
+    }
+}

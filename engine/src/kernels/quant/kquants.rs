@@ -1,0 +1,224 @@
+//! Q4_K and Q6_K weights (256-value super-blocks) and their dot products with Q8_K
+//! activations, in the arithmetic llama.cpp uses on x86:
+//! - Q4_K goes through ggml's repacked 8x8 kernels: exact integer sums for the scales and
+//!   for the mins, each folded into its own f32 accumulator by FMA, `acc - acc_min` at the
+//!   end. The single-row kernel (gemv) folds once per super-block, the four-row kernel
+//!   (gemm) once per pair of sub-blocks;
+//! - Q6_K, for fewer than 8 rows, through `ggml_vec_dot_q6_K_q8_K` (AVX2): eight integer
+//!   lanes per super-block (lane `l` takes bytes `4l..4l+4` of every 32-byte group, minus
+//!   its share of the `32 * scale * bsum` offset), each FMA'd into a lane accumulator,
+//!   summed as ggml's `hsum_float_8`; for 8 rows or more through ggml's tiled K-quant
+//!   matmul: one exact integer per super-block, `acc = fma(s * d_w, d_a, acc)`.
+
+use half::f16;
+
+use super::act::{ActQ8K, QK_K};
+use super::dot::hsum8;
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct BlockQ4K {
+    d: f32,
+    dmin: f32,
+    scales: [u8; 8],
+    mins: [u8; 8],
+    /// The 256 4-bit values, one per byte.
+    q: [u8; QK_K],
+}
+
+pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
+    bytes
+        .chunks_exact(4 + 12 + QK_K / 2)
+        .map(|b| {
+            let s = &b[4..16];
+            let (mut scales, mut mins) = ([0u8; 8], [0u8; 8]);
+            for j in 0..8 {
+                // ggml's get_scale_min_k4: 6-bit scales and mins packed in 12 bytes.
+                (scales[j], mins[j]) = if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+                };
+            }
+            let qs = &b[16..];
+            let mut q = [0u8; QK_K];
+            for j in 0..4 {
+                for l in 0..32 {
+                    q[64 * j + l] = qs[32 * j + l] & 0xf;
+                    q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
+                }
+            }
+            BlockQ4K { d: f16_at(b, 0), dmin: f16_at(b, 2), scales, mins, q }
+        })
+        .collect()
+}
+
+/// Which of ggml's repacked Q4_K kernels a row goes through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Q4KPath {
+    Gemv,
+    Gemm,
+}
+
+pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
+    let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
+    for (wb, ab) in w.iter().zip(a) {
+        let (ds, dm) = (wb.d * ab.d, wb.dmin * ab.d);
+        let (mut isum, mut imin) = (0i32, 0i32);
+        for pair in 0..4 {
+            for sb in [2 * pair, 2 * pair + 1] {
+                let r = sb * 32..sb * 32 + 32;
+                let dot: i32 = wb.q[r.clone()].iter().zip(&ab.qs[r]).map(|(&x, &y)| x as i32 * y as i32).sum();
+                isum += wb.scales[sb] as i32 * dot;
+                imin += wb.mins[sb] as i32 * (ab.bsums[2 * sb] + ab.bsums[2 * sb + 1]);
+            }
+            if path == Q4KPath::Gemm {
+                acc = (isum as f32).mul_add(ds, acc);
+                acc_min = (imin as f32).mul_add(dm, acc_min);
+                (isum, imin) = (0, 0);
+            }
+        }
+        if path == Q4KPath::Gemv {
+            acc = (isum as f32).mul_add(ds, acc);
+            acc_min = (imin as f32).mul_add(dm, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct BlockQ6K {
+    d: f32,
+    scales: [i8; 16],
+    /// The 256 unsigned 6-bit values (0..64, offset 32 not yet removed).
+    q: [u8; QK_K],
+}
+
+pub(crate) fn parse_q6_k(bytes: &[u8]) -> Vec<BlockQ6K> {
+    bytes
+        .chunks_exact(QK_K / 2 + QK_K / 4 + 16 + 2)
+        .map(|b| {
+            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+            let mut q = [0u8; QK_K];
+            for j in 0..2 {
+                let (ql, qh) = (&ql[64 * j..], &qh[32 * j..]);
+                for l in 0..32 {
+                    let o = 128 * j;
+                    q[o + l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
+                    q[o + 32 + l] = (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4);
+                    q[o + 64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                    q[o + 96 + l] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+                }
+            }
+            let mut scales = [0i8; 16];
+            for (d, &s) in scales.iter_mut().zip(sc) {
+                *d = s as i8;
+            }
+            BlockQ6K { d: f16_at(b, 208), scales, q }
+        })
+        .collect()
+}
+
+/// The tiled kernel's arithmetic (batches of 8 rows or more).
+pub(crate) fn q6_k_q8_k_tiled(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
+    let mut acc = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        let mut s = 0i32;
+        for sb in 0..16 {
+            let r = sb * 16..sb * 16 + 16;
+            let raw: i32 = wb.q[r.clone()].iter().zip(&ab.qs[r]).map(|(&x, &y)| x as i32 * y as i32).sum();
+            s += wb.scales[sb] as i32 * (raw - 32 * ab.bsums[sb]);
+        }
+        // ggml writes mul then add; GCC contracts the two vector ops into one FMA.
+        acc = (s as f32 * wb.d).mul_add(ab.d, acc);
+    }
+    acc
+}
+
+pub(crate) fn q6_k_q8_k(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for (wb, ab) in w.iter().zip(a) {
+        let d = ab.d * wb.d;
+        let mut lanes = [0i32; 8];
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let mut s = 0i32;
+            for j in 0..2 {
+                for k in 0..4 {
+                    let sc = wb.scales[8 * j + 2 * k + l / 4] as i32;
+                    let base = 128 * j + 32 * k + 4 * l;
+                    let dot: i32 = (base..base + 4).map(|i| wb.q[i] as i32 * ab.qs[i] as i32).sum();
+                    s += sc * dot;
+                }
+            }
+            let offset = ab.bsums[2 * l] * wb.scales[2 * l] as i32 + ab.bsums[2 * l + 1] * wb.scales[2 * l + 1] as i32;
+            *lane = s - 32 * offset;
+        }
+        for l in 0..8 {
+            acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
+        }
+    }
+    hsum8(&acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::act::{Q8KSign, quantize_q8_k};
+    use super::*;
+
+    fn act() -> (Vec<f32>, Vec<ActQ8K>) {
+        let x: Vec<f32> = (0..QK_K).map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0).collect();
+        let a = quantize_q8_k(&x, Q8KSign::FirstMax);
+        (x, a)
+    }
+
+    fn deq_act(a: &ActQ8K) -> Vec<f32> {
+        a.qs.iter().map(|&q| q as f32 * a.d).collect()
+    }
+
+    #[test]
+    fn q4_k_matches_dequantized_reference() {
+        let mut b = Vec::new();
+        b.extend(f16::from_f32(0.25).to_le_bytes());
+        b.extend(f16::from_f32(0.5).to_le_bytes());
+        b.extend([3, 5, 7, 9, 2, 4, 6, 8, 0x11, 0x22, 0x33, 0x44]); // scales 3,5,7,9,1,2,3,4 mins 2,4,6,8,1,2,3,4
+        b.extend((0..128).map(|i| (i % 16) as u8 | (((i + 5) % 16) as u8) << 4));
+        let w = parse_q4_k(&b);
+        assert_eq!(w[0].scales, [3, 5, 7, 9, 1, 2, 3, 4]);
+        assert_eq!(w[0].mins, [2, 4, 6, 8, 1, 2, 3, 4]);
+        let (_, a) = act();
+        let ax = deq_act(&a[0]);
+        let want: f32 = (0..QK_K)
+            .map(|i| {
+                let sb = i / 32;
+                let wv = 0.25 * w[0].scales[sb] as f32 * w[0].q[i] as f32 - 0.5 * w[0].mins[sb] as f32;
+                wv * ax[i]
+            })
+            .sum();
+        let got = q4_k_q8_k(&w, &a, Q4KPath::Gemv);
+        let got4 = q4_k_q8_k(&w, &a, Q4KPath::Gemm);
+        assert!((got - got4).abs() < 1e-3 * want.abs().max(1.0));
+        assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "{got} vs {want}");
+    }
+
+    #[test]
+    fn q6_k_matches_dequantized_reference() {
+        let mut b = Vec::new();
+        b.extend((0..128).map(|i| (i * 7 % 256) as u8));
+        b.extend((0..64).map(|i| (i * 13 % 256) as u8));
+        b.extend((0..16).map(|i| (i as i8 - 8) as u8));
+        b.extend(f16::from_f32(0.125).to_le_bytes());
+        let w = parse_q6_k(&b);
+        let (_, a) = act();
+        let ax = deq_act(&a[0]);
+        let want: f32 = (0..QK_K)
+            .map(|i| 0.125 * w[0].scales[i / 16] as f32 * (w[0].q[i] as f32 - 32.0) * ax[i])
+            .sum();
+        let got = q6_k_q8_k(&w, &a);
+        assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "{got} vs {want}");
+        let tiled = q6_k_q8_k_tiled(&w, &a);
+        assert!((tiled - want).abs() < 1e-2 * want.abs().max(1.0), "{tiled} vs {want}");
+    }
+}

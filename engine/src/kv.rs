@@ -1,0 +1,240 @@
+//! The KV cache, kept outside the model: one `SeqCache` per sequence.
+//!
+//! Storage is paged: a sequence is a list of reference-counted blocks of `BLOCK_TOKENS`
+//! positions, each block holding K and V for every layer. This is what the prompt cache,
+//! the SSD tier and batching stand on:
+//! - `truncate(n)` drops whole blocks past `n` (the cache is always trimmable, even for
+//!   sliding-window layers, because nothing is overwritten in a ring);
+//! - `fork(n)` shares the first `n` positions with another sequence by cloning block
+//!   references, not data. A block is copied only when a sequence writes into a block it
+//!   shares (copy-on-write of at most one partial block per fork).
+//!
+//! Values are stored as f16, like llama.cpp's default KV type: half the memory and
+//! bandwidth of f32, and the same rounding the reference implementation applies.
+//!
+//! Invariant: positions `< len` are valid in every layer. The model writes positions
+//! `len..len+T` during a forward pass and `commit`s them only when the pass succeeded.
+
+use std::sync::Arc;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// Positions per block.
+pub const BLOCK_TOKENS: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvShape {
+    pub n_layers: usize,
+    /// K (and V) floats per position per layer: kv heads x head dim.
+    pub kv_dim: usize,
+}
+
+impl KvShape {
+    fn block_floats(&self) -> usize {
+        self.n_layers * 2 * BLOCK_TOKENS * self.kv_dim
+    }
+
+    /// Bytes of K+V per cached position.
+    pub fn bytes_per_token(&self) -> usize {
+        self.n_layers * 2 * self.kv_dim * std::mem::size_of::<f16>()
+    }
+}
+
+/// K and V of `BLOCK_TOKENS` positions for all layers: `[layer][k|v][slot][kv_dim]`.
+#[derive(Clone)]
+pub struct KvBlock {
+    data: Box<[f16]>,
+}
+
+impl KvBlock {
+    fn new(shape: &KvShape) -> Self {
+        Self { data: vec![f16::ZERO; shape.block_floats()].into_boxed_slice() }
+    }
+
+    fn plane(&self, shape: &KvShape, layer: usize, which: usize) -> &[f16] {
+        let n = BLOCK_TOKENS * shape.kv_dim;
+        let start = (layer * 2 + which) * n;
+        &self.data[start..start + n]
+    }
+
+    fn plane_mut(&mut self, shape: &KvShape, layer: usize, which: usize) -> &mut [f16] {
+        let n = BLOCK_TOKENS * shape.kv_dim;
+        let start = (layer * 2 + which) * n;
+        &mut self.data[start..start + n]
+    }
+
+    /// The whole block (for persistence).
+    pub fn as_slice(&self) -> &[f16] {
+        &self.data
+    }
+}
+
+#[derive(Clone)]
+pub struct SeqCache {
+    shape: KvShape,
+    blocks: Vec<Arc<KvBlock>>,
+    len: usize,
+}
+
+impl SeqCache {
+    pub fn new(shape: KvShape) -> Self {
+        Self { shape, blocks: Vec::new(), len: 0 }
+    }
+
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    /// Number of valid (committed) positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keep only the first `n` positions (no-op if `n >= len`).
+    pub fn truncate(&mut self, n: usize) {
+        if n >= self.len {
+            return;
+        }
+        self.len = n;
+        self.blocks.truncate(n.div_ceil(BLOCK_TOKENS));
+    }
+
+    /// A new sequence sharing this one's first `n` positions (clamped to `len`).
+    pub fn fork(&self, n: usize) -> SeqCache {
+        let n = n.min(self.len);
+        Self { shape: self.shape, blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n }
+    }
+
+    /// Bytes of KV memory this sequence references (shared blocks counted in full).
+    pub fn bytes(&self) -> usize {
+        self.blocks.len() * self.shape.block_floats() * std::mem::size_of::<f16>()
+    }
+
+    /// How many leading blocks this sequence shares (same allocation) with `other`.
+    pub fn shared_blocks(&self, other: &SeqCache) -> usize {
+        self.blocks.iter().zip(&other.blocks).take_while(|(a, b)| Arc::ptr_eq(a, b)).count()
+    }
+
+    /// Make room for `extra` positions after `len` and take unique ownership of every
+    /// block they fall in (copying a shared partial block once).
+    pub(crate) fn reserve(&mut self, extra: usize) {
+        let end = self.len + extra;
+        let first = self.len / BLOCK_TOKENS;
+        while self.blocks.len() < end.div_ceil(BLOCK_TOKENS) {
+            self.blocks.push(Arc::new(KvBlock::new(&self.shape)));
+        }
+        for b in first..end.div_ceil(BLOCK_TOKENS) {
+            Arc::make_mut(&mut self.blocks[b]);
+        }
+    }
+
+    /// Write K and V (`[T][kv_dim]` each) for positions `pos0..pos0+T` of one layer.
+    /// Those positions must have been `reserve`d.
+    pub(crate) fn write(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
+        let d = self.shape.kv_dim;
+        let shape = self.shape;
+        for (t, (kr, vr)) in k.chunks_exact(d).zip(v.chunks_exact(d)).enumerate() {
+            let pos = pos0 + t;
+            let block = Arc::get_mut(&mut self.blocks[pos / BLOCK_TOKENS])
+                .expect("reserve() made written blocks unique");
+            let slot = (pos % BLOCK_TOKENS) * d;
+            block.plane_mut(&shape, layer, 0)[slot..slot + d].convert_from_f32_slice(kr);
+            block.plane_mut(&shape, layer, 1)[slot..slot + d].convert_from_f32_slice(vr);
+        }
+    }
+
+    /// Mark `n` written positions valid.
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.len += n;
+        debug_assert!(self.len <= self.blocks.len() * BLOCK_TOKENS);
+    }
+
+    /// K and V planes (`[BLOCK_TOKENS][kv_dim]`) of block `b` for `layer`. Slots past the
+    /// written positions are zeros or stale data and must not be read.
+    pub(crate) fn block_kv(&self, layer: usize, b: usize) -> (&[f16], &[f16]) {
+        let blk = &self.blocks[b];
+        (blk.plane(&self.shape, layer, 0), blk.plane(&self.shape, layer, 1))
+    }
+
+    pub fn blocks(&self) -> &[Arc<KvBlock>] {
+        &self.blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: KvShape = KvShape { n_layers: 2, kv_dim: 4 };
+
+    fn filled(n: usize) -> SeqCache {
+        let mut c = SeqCache::new(SHAPE);
+        c.reserve(n);
+        for layer in 0..2 {
+            let k: Vec<f32> = (0..n * 4).map(|i| (layer * 1000 + i) as f32).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            c.write(layer, 0, &k, &v);
+        }
+        c.commit(n);
+        c
+    }
+
+    fn key(c: &SeqCache, layer: usize, pos: usize) -> Vec<f32> {
+        let (k, _) = c.block_kv(layer, pos / BLOCK_TOKENS);
+        k[(pos % BLOCK_TOKENS) * 4..][..4].iter().map(|x| x.to_f32()).collect()
+    }
+
+    #[test]
+    fn append_and_read_back() {
+        let c = filled(70);
+        assert_eq!(c.len(), 70);
+        assert_eq!(c.blocks().len(), 3);
+        assert_eq!(key(&c, 1, 69), vec![1276.0, 1277.0, 1278.0, 1279.0]);
+        let (_, v) = c.block_kv(0, 0);
+        assert_eq!(v[4].to_f32(), -4.0);
+    }
+
+    #[test]
+    fn truncate_drops_blocks() {
+        let mut c = filled(70);
+        c.truncate(33);
+        assert_eq!(c.len(), 33);
+        assert_eq!(c.blocks().len(), 2);
+        c.truncate(100);
+        assert_eq!(c.len(), 33);
+        c.truncate(0);
+        assert!(c.is_empty());
+        assert!(c.blocks().is_empty());
+    }
+
+    #[test]
+    fn fork_shares_without_copying_then_copies_on_write() {
+        let a = filled(70);
+        let mut b = a.fork(40);
+        assert_eq!(b.len(), 40);
+        assert_eq!(b.shared_blocks(&a), 2);
+        // Writing position 40 lands in the shared second block: b gets its own copy,
+        // a is untouched, the first block stays shared.
+        b.reserve(1);
+        b.write(0, 40, &[9.0; 4], &[9.0; 4]);
+        b.commit(1);
+        assert_eq!(b.shared_blocks(&a), 1);
+        assert_eq!(key(&b, 0, 40), vec![9.0; 4]);
+        assert_eq!(key(&a, 0, 40), vec![160.0, 161.0, 162.0, 163.0]);
+        assert_eq!(key(&b, 0, 39), key(&a, 0, 39));
+    }
+
+    #[test]
+    fn fork_on_block_boundary_shares_all_full_blocks() {
+        let a = filled(64);
+        let mut b = a.fork(64);
+        b.reserve(5);
+        assert_eq!(b.shared_blocks(&a), 2);
+        assert_eq!(b.blocks().len(), 3);
+    }
+}
