@@ -5,12 +5,20 @@
 //! the generation loop. It must not know about other models, the pool or the gateway:
 //! the process boundary is the crash boundary.
 
+pub mod chat;
 pub mod config;
+pub mod detok;
+pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod sampler;
+pub mod stop;
+pub mod threads;
 pub mod tokenizer;
 
+pub use engine::Engine;
 pub use error::{Error, Result};

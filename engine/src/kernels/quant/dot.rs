@@ -6,12 +6,14 @@
 use half::f16;
 
 use super::act::{ActQ8, QK};
+use super::simd;
 
 /// Q4_1: 32 4-bit values `q`, weight = d * q + m. Low nibbles are elements 0..16.
+/// Scales stay f16 as in the file (decode streams every weight once per token).
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ4_1 {
-    d: f32,
-    m: f32,
+    d: f16,
+    m: f16,
     qs: [u8; QK / 2],
 }
 
@@ -42,15 +44,7 @@ pub(crate) fn parse_q5_0(bytes: &[u8]) -> Vec<BlockQ5_0> {
 pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: &[ActQ8]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (wb, ab) in w.iter().zip(a) {
-        let mut x = [0i32; QK];
-        for (xi, &q) in x.iter_mut().zip(&wb.qs) {
-            *xi = q as i32;
-        }
-        let d = wb.d * ab.d;
-        let s = lane_sums(&x, &ab.qs);
-        for l in 0..8 {
-            acc[l] = d.mul_add(s[l] as f32, acc[l]);
-        }
+        fma_lanes(&mut acc, wb.d * ab.d, simd::i8_i8(&wb.qs, &ab.qs));
     }
     hsum8(&acc)
 }
@@ -58,12 +52,16 @@ pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: &[ActQ8]) -> f32 {
 /// Q8_0: 32 signed bytes, weight = d * q.
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ8_0 {
-    d: f32,
+    d: f16,
     qs: [i8; QK],
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    half_at(b, i).to_f32()
+}
+
+fn half_at(b: &[u8], i: usize) -> f16 {
+    f16::from_le_bytes([b[i], b[i + 1]])
 }
 
 pub(crate) fn parse_q4_1(bytes: &[u8]) -> Vec<BlockQ4_1> {
@@ -72,7 +70,7 @@ pub(crate) fn parse_q4_1(bytes: &[u8]) -> Vec<BlockQ4_1> {
         .map(|b| {
             let mut qs = [0u8; QK / 2];
             qs.copy_from_slice(&b[4..]);
-            BlockQ4_1 { d: f16_at(b, 0), m: f16_at(b, 2), qs }
+            BlockQ4_1 { d: half_at(b, 0), m: half_at(b, 2), qs }
         })
         .collect()
 }
@@ -85,7 +83,7 @@ pub(crate) fn parse_q8_0(bytes: &[u8]) -> Vec<BlockQ8_0> {
             for (q, &v) in qs.iter_mut().zip(&b[2..]) {
                 *q = v as i8;
             }
-            BlockQ8_0 { d: f16_at(b, 0), qs }
+            BlockQ8_0 { d: half_at(b, 0), qs }
         })
         .collect()
 }
@@ -95,32 +93,20 @@ pub(crate) fn hsum8(a: &[f32; 8]) -> f32 {
     ((a[4] + a[0]) + (a[6] + a[2])) + ((a[5] + a[1]) + (a[7] + a[3]))
 }
 
+/// `acc[l] = fma(d, lanes[l], acc[l])` for the eight lanes (one vector FMA).
 #[inline]
-fn lane_sums(x: &[i32; QK], y: &[i8; QK]) -> [i32; 8] {
-    let mut s = [0i32; 8];
-    for (l, sum) in s.iter_mut().enumerate() {
-        for e in 0..4 {
-            *sum += x[4 * l + e] * y[4 * l + e] as i32;
-        }
+pub(crate) fn fma_lanes(acc: &mut [f32; 8], d: f32, lanes: [i32; 8]) {
+    for l in 0..8 {
+        acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
     }
-    s
 }
 
 pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: &[ActQ8]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut summs = 0.0f32;
     for (wb, ab) in w.iter().zip(a) {
-        summs = wb.m.mul_add(ab.s, summs);
-        let mut x = [0i32; QK];
-        for i in 0..QK / 2 {
-            x[i] = (wb.qs[i] & 0x0f) as i32;
-            x[i + QK / 2] = (wb.qs[i] >> 4) as i32;
-        }
-        let d = wb.d * ab.d;
-        let s = lane_sums(&x, &ab.qs);
-        for l in 0..8 {
-            acc[l] = d.mul_add(s[l] as f32, acc[l]);
-        }
+        summs = wb.m.to_f32().mul_add(ab.s, summs);
+        fma_lanes(&mut acc, wb.d.to_f32() * ab.d, simd::nib4_i8(&wb.qs, &ab.qs));
     }
     hsum8(&acc) + summs
 }
@@ -128,21 +114,37 @@ pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: &[ActQ8]) -> f32 {
 pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (wb, ab) in w.iter().zip(a) {
-        let mut x = [0i32; QK];
-        for (xi, &q) in x.iter_mut().zip(&wb.qs) {
-            *xi = q as i32;
-        }
-        let d = wb.d * ab.d;
-        let s = lane_sums(&x, &ab.qs);
-        for l in 0..8 {
-            acc[l] = d.mul_add(s[l] as f32, acc[l]);
-        }
+        fma_lanes(&mut acc, wb.d.to_f32() * ab.d, simd::i8_i8(&wb.qs, &ab.qs));
     }
     hsum8(&acc)
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    #[ignore = "micro-benchmark: cargo test --release -p corral-engine dot_speed -- --ignored --nocapture"]
+    fn dot_speed() {
+        use std::time::Instant;
+        let k = 576;
+        let n = 1536;
+        let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 19) as f32 - 9.0) / 7.0).collect();
+        let bytes: Vec<u8> = (0..n * k / QK * 20).map(|i| (i * 31 % 251) as u8 & 0x3f).collect();
+        let w = parse_q4_1(&bytes);
+        let a = quantize_q8_1(&x);
+        let kb = k / QK;
+        let t = Instant::now();
+        let mut sink = 0.0;
+        let reps = 200;
+        for _ in 0..reps {
+            for c in 0..n {
+                sink += q4_1_q8_1(&w[c * kb..(c + 1) * kb], &a);
+            }
+        }
+        let dt = t.elapsed().as_secs_f64();
+        let blocks = (reps * n * kb) as f64;
+        eprintln!("q4_1: {:.2} ns/block ({sink})", dt * 1e9 / blocks);
+    }
+
     use super::super::act::{quantize_q8_0, quantize_q8_1};
     use super::*;
 

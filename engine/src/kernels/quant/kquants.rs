@@ -13,7 +13,14 @@
 use half::f16;
 
 use super::act::{ActQ8K, QK_K};
-use super::dot::hsum8;
+use super::dot::{fma_lanes, hsum8};
+use super::simd;
+
+/// 32 values starting at `i` as a fixed-size array.
+#[inline]
+fn at<T>(v: &[T; QK_K], i: usize) -> &[T; 32] {
+    v[i..i + 32].try_into().expect("in bounds")
+}
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -70,8 +77,7 @@ pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
         let (mut isum, mut imin) = (0i32, 0i32);
         for pair in 0..4 {
             for sb in [2 * pair, 2 * pair + 1] {
-                let r = sb * 32..sb * 32 + 32;
-                let dot: i32 = wb.q[r.clone()].iter().zip(&ab.qs[r]).map(|(&x, &y)| x as i32 * y as i32).sum();
+                let dot: i32 = simd::u8_i8(at(&wb.q, sb * 32), at(&ab.qs, sb * 32)).iter().sum();
                 isum += wb.scales[sb] as i32 * dot;
                 imin += wb.mins[sb] as i32 * (ab.bsums[2 * sb] + ab.bsums[2 * sb + 1]);
             }
@@ -127,10 +133,14 @@ pub(crate) fn q6_k_q8_k_tiled(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (wb, ab) in w.iter().zip(a) {
         let mut s = 0i32;
-        for sb in 0..16 {
-            let r = sb * 16..sb * 16 + 16;
-            let raw: i32 = wb.q[r.clone()].iter().zip(&ab.qs[r]).map(|(&x, &y)| x as i32 * y as i32).sum();
-            s += wb.scales[sb] as i32 * (raw - 32 * ab.bsums[sb]);
+        for g in 0..8 {
+            // Lanes 0..4 are the first 16 values (one scale), 4..8 the next 16.
+            let l = simd::u8_i8(at(&wb.q, g * 32), at(&ab.qs, g * 32));
+            for (half, lanes) in l.chunks_exact(4).enumerate() {
+                let sb = 2 * g + half;
+                let raw: i32 = lanes.iter().sum();
+                s += wb.scales[sb] as i32 * (raw - 32 * ab.bsums[sb]);
+            }
         }
         // ggml writes mul then add; GCC contracts the two vector ops into one FMA.
         acc = (s as f32 * wb.d).mul_add(ab.d, acc);
@@ -143,22 +153,19 @@ pub(crate) fn q6_k_q8_k(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
     for (wb, ab) in w.iter().zip(a) {
         let d = ab.d * wb.d;
         let mut lanes = [0i32; 8];
-        for (l, lane) in lanes.iter_mut().enumerate() {
-            let mut s = 0i32;
-            for j in 0..2 {
-                for k in 0..4 {
-                    let sc = wb.scales[8 * j + 2 * k + l / 4] as i32;
-                    let base = 128 * j + 32 * k + 4 * l;
-                    let dot: i32 = (base..base + 4).map(|i| wb.q[i] as i32 * ab.qs[i] as i32).sum();
-                    s += sc * dot;
-                }
+        for g in 0..8 {
+            // 32-value group g = 4j + k uses scales 2g (lanes 0..4) and 2g+1 (lanes 4..8).
+            let p = simd::u8_i8(at(&wb.q, g * 32), at(&ab.qs, g * 32));
+            let (lo, hi) = (wb.scales[2 * g] as i32, wb.scales[2 * g + 1] as i32);
+            for l in 0..8 {
+                lanes[l] += p[l] * if l < 4 { lo } else { hi };
             }
+        }
+        for (l, lane) in lanes.iter_mut().enumerate() {
             let offset = ab.bsums[2 * l] * wb.scales[2 * l] as i32 + ab.bsums[2 * l + 1] * wb.scales[2 * l + 1] as i32;
-            *lane = s - 32 * offset;
+            *lane -= 32 * offset;
         }
-        for l in 0..8 {
-            acc[l] = d.mul_add(lanes[l] as f32, acc[l]);
-        }
+        fma_lanes(&mut acc, d, lanes);
     }
     hsum8(&acc)
 }

@@ -15,6 +15,7 @@
 mod act;
 mod dot;
 mod kquants;
+mod simd;
 
 use candle_core::quantized::GgmlDType;
 

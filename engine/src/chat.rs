@@ -1,0 +1,164 @@
+//! Chat templates: the model's own Jinja template (`tokenizer.chat_template`) rendered
+//! with minijinja the way Hugging Face and llama.cpp's server render it (trim/lstrip
+//! blocks, Python string methods, `raise_exception`), or, for a file without one, a
+//! built-in template for its architecture, as llama.cpp and Ollama do.
+
+use minijinja::{Environment, ErrorKind, Value, context};
+use serde::Serialize;
+
+use crate::config::Arch;
+use crate::error::{Error, Result};
+
+/// Gemma's turn format, as llama.cpp's built-in `gemma` template: system text is merged
+/// into the first user turn, `assistant` is called `model`, contents are trimmed.
+const GEMMA_TEMPLATE: &str = concat!(
+    "{%- set ns = namespace(system='') -%}",
+    "{%- for m in messages -%}",
+    "{%- if m.role == 'system' -%}{%- set ns.system = ns.system + (m.content | trim) -%}",
+    "{%- else -%}",
+    "{%- set role = 'model' if m.role == 'assistant' else m.role -%}",
+    "{{ '<start_of_turn>' + role + '\\n' }}",
+    "{%- if ns.system and role != 'model' -%}{{ ns.system + '\\n\\n' }}{%- set ns.system = '' -%}{%- endif -%}",
+    "{{ (m.content | trim) + '<end_of_turn>\\n' }}",
+    "{%- endif -%}",
+    "{%- endfor -%}",
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}",
+);
+
+/// Rendering budget: a template that loops forever fails instead of hanging a request.
+const FUEL: u64 = 2_000_000;
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self { role: role.to_owned(), content: content.to_owned() }
+    }
+}
+
+/// Where a template came from (reported in logs and `/v1/models`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TemplateSource {
+    Gguf,
+    Builtin(&'static str),
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: TemplateSource,
+    bos: String,
+    eos: String,
+    /// The tokenizer adds BOS itself: drop a template's leading BOS text.
+    strip_bos: bool,
+}
+
+impl ChatTemplate {
+    /// `gguf_template` is the file's `tokenizer.chat_template`, if any.
+    pub fn new(gguf_template: Option<&str>, arch: Arch, bos: &str, eos: &str, tokenizer_adds_bos: bool) -> Result<Self> {
+        let (source, text) = match gguf_template {
+            Some(t) if !t.trim().is_empty() => (TemplateSource::Gguf, t.to_owned()),
+            _ => match arch {
+                Arch::Gemma3 => (TemplateSource::Builtin("gemma"), GEMMA_TEMPLATE.to_owned()),
+                Arch::Llama => {
+                    return Err(Error::Template("the model file has no chat template and no built-in one fits".into()));
+                }
+            },
+        };
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_fuel(Some(FUEL));
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", text).map_err(|e| Error::Template(describe(&e)))?;
+        Ok(Self { env, source, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
+    }
+
+    pub fn source(&self) -> &TemplateSource {
+        &self.source
+    }
+
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self.env.get_template("chat").map_err(|e| Error::Template(describe(&e)))?;
+        let out = tmpl
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos,
+                eos_token => &self.eos,
+            })
+            .map_err(|e| Error::Template(describe(&e)))?;
+        Ok(match (self.strip_bos && !self.bos.is_empty(), out.strip_prefix(self.bos.as_str())) {
+            (true, Some(rest)) => rest.to_owned(),
+            _ => out,
+        })
+    }
+}
+
+fn describe(e: &minijinja::Error) -> String {
+    match e.detail() {
+        Some(d) => format!("{} ({d})", e.kind()),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+    fn msgs() -> Vec<ChatMessage> {
+        vec![ChatMessage::new("system", " Be brief. "), ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello"), ChatMessage::new("user", "Bye ")]
+    }
+
+    #[test]
+    fn renders_gguf_template() {
+        let t = ChatTemplate::new(Some(CHATML), Arch::Llama, "<s>", "</s>", false).unwrap();
+        let out = t.render(&msgs()[1..2], true).unwrap();
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(t.source(), &TemplateSource::Gguf);
+    }
+
+    #[test]
+    fn builtin_gemma_matches_llama_cpp_format() {
+        let t = ChatTemplate::new(None, Arch::Gemma3, "<bos>", "<eos>", true).unwrap();
+        let out = t.render(&msgs(), true).unwrap();
+        assert_eq!(
+            out,
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(t.source(), &TemplateSource::Builtin("gemma"));
+    }
+
+    #[test]
+    fn template_errors_are_clear() {
+        let bad = ChatTemplate::new(Some("{% for x in %}"), Arch::Llama, "", "", false);
+        assert!(matches!(bad, Err(Error::Template(_))));
+        let raising = ChatTemplate::new(Some("{{ raise_exception('roles must alternate') }}"), Arch::Llama, "", "", false).unwrap();
+        let err = raising.render(&msgs(), true).unwrap_err().to_string();
+        assert!(err.contains("roles must alternate"), "{err}");
+        let looping = ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"), Arch::Llama, "", "", false).unwrap();
+        assert!(looping.render(&msgs(), true).is_err(), "fuel limit stops runaway templates");
+        assert!(ChatTemplate::new(None, Arch::Llama, "", "", false).is_err());
+    }
+
+    #[test]
+    fn template_bos_is_dropped_when_tokenizer_adds_it() {
+        let t = ChatTemplate::new(Some("{{ bos_token }}{{ messages[0].content }}"), Arch::Llama, "<s>", "", true).unwrap();
+        assert_eq!(t.render(&msgs()[1..2], false).unwrap(), "Hi");
+    }
+
+    #[test]
+    fn python_string_methods_work() {
+        let t = ChatTemplate::new(Some("{{ messages[0].content.strip().upper() }}"), Arch::Llama, "", "", false).unwrap();
+        assert_eq!(t.render(&msgs()[..1], false).unwrap(), "BE BRIEF.");
+    }
+}

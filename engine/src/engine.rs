@@ -1,0 +1,66 @@
+//! `Engine`: a loaded model with its tokenizer and chat template: what `corral run`
+//! and `corral engine` hold for their one model.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+
+pub struct Engine {
+    pub path: PathBuf,
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    /// `None` when the file has no template and no built-in one fits its architecture.
+    pub template: Option<ChatTemplate>,
+    pub file_bytes: u64,
+    pub load_time: Duration,
+}
+
+impl Engine {
+    pub fn load(path: &Path) -> Result<Self> {
+        let start = Instant::now();
+        let g = Gguf::open(path)?;
+        let model = Model::load(&g)?;
+        let tokenizer = Tokenizer::from_gguf(&g)?;
+        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
+        let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
+        let gguf_template = g.opt_str("tokenizer.chat_template");
+        let template = match ChatTemplate::new(gguf_template, model.config().arch, &bos, &eos, tokenizer.add_bos()) {
+            Ok(t) => {
+                if gguf_template.is_none() {
+                    tracing::info!(arch = model.config().arch.name(), source = ?t.source(), "model file has no chat template; using the built-in one");
+                }
+                Some(t)
+            }
+            Err(e) if gguf_template.is_none() => {
+                tracing::warn!(error = %e, "no chat template: only raw completions will work");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let file_bytes = g.file_len();
+        drop(g);
+        Ok(Self { path: path.to_owned(), model, tokenizer, template, file_bytes, load_time: start.elapsed() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    /// Render a conversation with the chat template and tokenize it.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let t = self.template.as_ref().ok_or_else(|| Error::Template("this model has no chat template".into()))?;
+        let text = t.render(messages, true)?;
+        self.tokenizer.encode(&text, true)
+    }
+
+    /// Tokenize a raw completion prompt (BOS added when the model wants it).
+    pub fn raw_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        self.tokenizer.encode(text, true)
+    }
+}

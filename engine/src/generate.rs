@@ -1,0 +1,179 @@
+//! The generation loop for one sequence: chunked prefill, then decode one token at a
+//! time until an end-of-generation token, a stop string, `max_tokens`, the context
+//! limit, or the observer cancels. Cancellation is checked between prefill chunks and
+//! after every decoded token, so a client that goes away costs at most one step.
+
+use std::time::{Duration, Instant};
+
+use crate::detok::Utf8Stream;
+use crate::error::{Error, Result};
+use crate::kv::SeqCache;
+use crate::model::{Logits, Model};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::stop::{StopMatcher, StopScan};
+use crate::tokenizer::Tokenizer;
+
+/// Prompt tokens per forward pass during prefill (llama.cpp's default batch).
+pub const PREFILL_CHUNK: usize = 512;
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// The observer asked to stop (client went away).
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Receives generated text as it becomes final.
+pub trait Observer {
+    /// Polled between prefill chunks: `false` cancels.
+    fn keep_going(&mut self) -> bool {
+        true
+    }
+    /// One generated token and the text it releases (possibly empty while a stop string
+    /// or a multi-byte character is pending). `false` cancels.
+    fn on_token(&mut self, id: u32, text: &str) -> bool;
+    /// Text released at the end that belongs to no single token.
+    fn on_flush(&mut self, _text: &str) {}
+}
+
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was already in the cache (not recomputed).
+    pub cached_tokens: usize,
+    pub tokens: Vec<u32>,
+    pub prefill: Duration,
+    pub decode: Duration,
+}
+
+impl Outcome {
+    pub fn completion_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prompt_tokens - self.cached_tokens, self.prefill)
+    }
+
+    /// Decode rate over the tokens after the first (the first comes from prefill).
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.tokens.len().saturating_sub(1), self.decode)
+    }
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    if d.is_zero() { 0.0 } else { n as f64 / d.as_secs_f64() }
+}
+
+/// Generate a continuation of `prompt`. `cache` must hold the KV of exactly
+/// `prompt[..cache.len()]` (usually nothing); at least one prompt token is computed.
+/// `ctx` bounds prompt plus generated tokens.
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    cache: &mut SeqCache,
+    prompt: &[u32],
+    params: &GenerateParams,
+    ctx: usize,
+    obs: &mut dyn Observer,
+) -> Result<Outcome> {
+    if prompt.is_empty() {
+        return Err(Error::Tokenizer("the prompt is empty".into()));
+    }
+    if prompt.len() >= ctx {
+        return Err(Error::ContextExceeded { prompt: prompt.len(), ctx });
+    }
+    cache.truncate(prompt.len() - 1);
+    let cached = cache.len();
+    let max_tokens = params.max_tokens.min(ctx - prompt.len());
+    let mut out = Outcome {
+        finish: FinishReason::Length,
+        prompt_tokens: prompt.len(),
+        cached_tokens: cached,
+        tokens: Vec::new(),
+        prefill: Duration::ZERO,
+        decode: Duration::ZERO,
+    };
+
+    let start = Instant::now();
+    let todo = &prompt[cached..];
+    let chunks: Vec<&[u32]> = todo.chunks(PREFILL_CHUNK).collect();
+    let mut logits = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        if !obs.keep_going() {
+            out.finish = FinishReason::Cancelled;
+            out.prefill = start.elapsed();
+            return Ok(out);
+        }
+        let last = i + 1 == chunks.len();
+        logits = model.forward(chunk, cache, if last { Logits::Last } else { Logits::None })?;
+    }
+    out.prefill = start.elapsed();
+
+    let decode_start = Instant::now();
+    let mut sampler = Sampler::new(params.sampling.clone());
+    let mut history = prompt.to_vec();
+    let mut utf8 = Utf8Stream::new();
+    let mut stops = StopMatcher::new(params.stop.clone());
+    while out.tokens.len() < max_tokens {
+        let id = sampler.sample(&mut logits, &history);
+        if !params.ignore_eos && tokenizer.is_eog(id) {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(id);
+        history.push(id);
+        let text = utf8.push(tokenizer.piece(id));
+        let (text, stopped) = match stops.push(&text) {
+            StopScan::Continue(t) => (t, false),
+            StopScan::Stopped(t) => (t, true),
+        };
+        if !obs.on_token(id, &text) {
+            out.finish = FinishReason::Cancelled;
+            break;
+        }
+        if stopped {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        if out.tokens.len() == max_tokens {
+            break;
+        }
+        logits = model.forward(&[id], cache, Logits::Last)?;
+    }
+    if out.finish != FinishReason::Cancelled {
+        let tail = utf8.finish();
+        let rest = match stops.push(&tail) {
+            StopScan::Continue(t) | StopScan::Stopped(t) => t,
+        };
+        let flushed = rest + &stops.flush();
+        if !flushed.is_empty() {
+            obs.on_flush(&flushed);
+        }
+    }
+    out.decode = decode_start.elapsed();
+    Ok(out)
+}

@@ -1,0 +1,92 @@
+//! The integer inner products every quantized kernel is built from: 32 byte pairs in,
+//! eight i32 lanes out, lane `l` summing the products of bytes `4l..4l+4` (the lane
+//! layout of x86's `maddubs` + `madd`, which the float accumulation order of the
+//! kernels depends on). Integer sums are exact, so the AVX2 and portable versions are
+//! interchangeable bit for bit; the AVX2 one is used when the build targets AVX2.
+
+// SAFETY (every block in this module): the module exists only in builds whose target
+// has AVX2 (so the CPU running the binary has it), and each load/store touches exactly
+// the bytes of the fixed-size array it is given.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+mod imp {
+    use std::arch::x86_64::*;
+
+    #[inline]
+    unsafe fn lanes(p16: __m256i) -> [i32; 8] {
+        let mut out = [0i32; 8];
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_madd_epi16(p16, _mm256_set1_epi16(1))) };
+        out
+    }
+
+    /// Unsigned bytes (values < 128) times signed bytes.
+    #[inline]
+    pub fn u8_i8(x: &[u8; 32], y: &[i8; 32]) -> [i32; 8] {
+        unsafe {
+            let (xv, yv) = (_mm256_loadu_si256(x.as_ptr().cast()), _mm256_loadu_si256(y.as_ptr().cast()));
+            lanes(_mm256_maddubs_epi16(xv, yv))
+        }
+    }
+
+    /// Signed bytes times signed bytes (|x| made unsigned, its sign moved onto y).
+    #[inline]
+    pub fn i8_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
+        unsafe {
+            let (xv, yv) = (_mm256_loadu_si256(x.as_ptr().cast()), _mm256_loadu_si256(y.as_ptr().cast()));
+            lanes(_mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(yv, xv)))
+        }
+    }
+
+    /// 32 packed 4-bit values (low nibbles are elements 0..16) times signed bytes.
+    #[inline]
+    pub fn nib4_i8(qs: &[u8; 16], y: &[i8; 32]) -> [i32; 8] {
+        unsafe {
+            let (lo, yv) = (_mm_loadu_si128(qs.as_ptr().cast()), _mm256_loadu_si256(y.as_ptr().cast()));
+            let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
+            lanes(_mm256_maddubs_epi16(x, yv))
+        }
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
+mod imp {
+    #[inline]
+    fn lanes(f: impl Fn(usize) -> i32) -> [i32; 8] {
+        std::array::from_fn(|l| (0..4).map(|e| f(4 * l + e)).sum())
+    }
+
+    pub fn u8_i8(x: &[u8; 32], y: &[i8; 32]) -> [i32; 8] {
+        lanes(|i| x[i] as i32 * y[i] as i32)
+    }
+
+    pub fn i8_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
+        lanes(|i| x[i] as i32 * y[i] as i32)
+    }
+
+    pub fn nib4_i8(qs: &[u8; 16], y: &[i8; 32]) -> [i32; 8] {
+        lanes(|i| if i < 16 { (qs[i] & 0xf) as i32 } else { (qs[i - 16] >> 4) as i32 } * y[i] as i32)
+    }
+}
+
+pub(crate) use imp::{i8_i8, nib4_i8, u8_i8};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lane_layout_is_four_consecutive_bytes() {
+        let x: [i8; 32] = std::array::from_fn(|i| i as i8 - 16);
+        let y: [i8; 32] = std::array::from_fn(|i| (i as i8 * 7 % 11) - 5);
+        let want: [i32; 8] = std::array::from_fn(|l| (0..4).map(|e| x[4 * l + e] as i32 * y[4 * l + e] as i32).sum());
+        assert_eq!(i8_i8(&x, &y), want);
+        let xu: [u8; 32] = std::array::from_fn(|i| (i * 2) as u8);
+        let want: [i32; 8] = std::array::from_fn(|l| (0..4).map(|e| xu[4 * l + e] as i32 * y[4 * l + e] as i32).sum());
+        assert_eq!(u8_i8(&xu, &y), want);
+        let qs: [u8; 16] = std::array::from_fn(|i| (i as u8) | ((15 - i as u8) << 4));
+        let vals: [i32; 32] = std::array::from_fn(|i| if i < 16 { i as i32 } else { 31 - i as i32 });
+        let want: [i32; 8] = std::array::from_fn(|l| (0..4).map(|e| vals[4 * l + e] * y[4 * l + e] as i32).sum());
+        assert_eq!(nib4_i8(&qs, &y), want);
+        let neg = [-128i8; 32];
+        assert_eq!(i8_i8(&neg, &[127; 32]), [-128 * 127 * 4; 8]);
+    }
+}

@@ -1,0 +1,12 @@
+//! Compute thread count. candle sizes its CPU worker pool (which our kernels share)
+//! from `CANDLE_NUM_THREADS` when the pool is first used; default is the number of
+//! physical cores.
+
+/// Set the compute thread count. Call once, at startup, before any model is loaded.
+pub fn init(threads: Option<usize>) {
+    if let Some(n) = threads.filter(|&n| n > 0) {
+        // SAFETY: called from `main` before any other thread exists, so nothing can read
+        // the environment concurrently (the only requirement of `set_var`).
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", n.to_string()) };
+    }
+}
