@@ -1,5 +1,6 @@
 //! The `corral` binary: one verb per mode. `run` generates once in-process.
 
+mod bench;
 mod run;
 
 use std::process::ExitCode;
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Generate once from a prompt, streaming text to stdout and timings to stderr.
     Run(run::RunArgs),
+    /// Measure prefill and decode throughput (JSON lines on stdout).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
     init_logging();
     let result = match cli.command {
         Command::Run(args) => run::run(args),
+        Command::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

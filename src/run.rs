@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use corral_engine::chat::ChatMessage;
 use corral_engine::generate::{GenerateParams, Observer, generate};
@@ -74,7 +74,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     threads::init(args.threads);
     let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
     let entry = corral_pool::registry::resolve(&args.model, &dir)?;
-    let engine = Engine::load(&entry.path).with_context(|| format!("loading {}", entry.path.display()))?;
+    let engine = Engine::load(&entry.path)?;
     eprintln!(
         "corral: loaded {} ({}, {} layers) in {:.2} s",
         entry.id,

@@ -44,5 +44,16 @@ pub enum Error {
     BadToken { id: u32, vocab: usize },
 
     #[error("tensor op failed: {0}")]
-    Candle(#[from] candle_core::Error),
+    Candle(String),
+}
+
+/// candle's errors may carry a captured backtrace in their `Display`; keep the message.
+pub(crate) fn candle_message(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_owned()
+}
+
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Self {
+        Error::Candle(candle_message(&e))
+    }
 }

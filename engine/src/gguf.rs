@@ -44,7 +44,7 @@ impl Gguf {
             return Err(Error::NotGguf { path: path.to_owned() });
         }
         let content = Content::read(&mut Cursor::new(&map[..]))
-            .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: e.to_string() })?;
+            .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: crate::error::candle_message(&e) })?;
         let gguf = Self { path: path.to_owned(), map, content };
         gguf.check_tensor_ranges()?;
         Ok(gguf)

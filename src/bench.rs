@@ -1,0 +1,82 @@
+//! `corral bench`: llama-bench-style throughput of the engine in-process: prefill of a
+//! synthetic prompt (`pp`) and decode of greedy tokens from an empty context (`tg`),
+//! printed as one JSON line per repetition for `scripts/bench-engine`.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Args;
+use corral_engine::model::Logits;
+use corral_engine::sampler::argmax;
+use corral_engine::{Engine, threads};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Model file path, or a model id from the models directory.
+    #[arg(long, short)]
+    model: String,
+    /// Prompt tokens to prefill.
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    /// Tokens to decode.
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    /// Repetitions (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Compute threads (default: physical cores).
+    #[arg(long, env = "CORRAL_THREADS")]
+    threads: Option<usize>,
+    /// Models directory for ids.
+    #[arg(long, env = "CORRAL_MODELS_DIR")]
+    models_dir: Option<std::path::PathBuf>,
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    threads::init(args.threads);
+    let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
+    let entry = corral_pool::registry::resolve(&args.model, &dir)?;
+    let engine = Engine::load(&entry.path)?;
+    let vocab = engine.config().vocab as u64;
+    // Deterministic pseudo-random prompt (like llama-bench's random tokens).
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let prompt: Vec<u32> = (0..args.prompt_tokens)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab) as u32
+        })
+        .collect();
+    for rep in 0..=args.reps {
+        let mut cache = engine.model.new_cache();
+        let t = Instant::now();
+        for chunk in prompt.chunks(corral_engine::generate::PREFILL_CHUNK) {
+            engine.model.forward(chunk, &mut cache, Logits::Last)?;
+        }
+        let pp = t.elapsed().as_secs_f64();
+
+        let mut cache = engine.model.new_cache();
+        let mut tok = engine.tokenizer.bos().unwrap_or(prompt[0]);
+        let t = Instant::now();
+        for _ in 0..args.gen_tokens {
+            let logits = engine.model.forward(&[tok], &mut cache, Logits::Last)?;
+            tok = argmax(&logits);
+        }
+        let tg = t.elapsed().as_secs_f64();
+        if rep > 0 {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "model": entry.id.as_str(),
+                    "rep": rep,
+                    "pp_tokens": args.prompt_tokens,
+                    "pp_tok_s": args.prompt_tokens as f64 / pp,
+                    "tg_tokens": args.gen_tokens,
+                    "tg_tok_s": args.gen_tokens as f64 / tg,
+                })
+            );
+        }
+    }
+    Ok(())
+}
