@@ -8,7 +8,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "corral", version, about = "A local LLM server: crash-isolated engines, one per model, behind one gateway.")]
+#[command(
+    name = "corral",
+    version,
+    about = "A local LLM server: crash-isolated engines, one per model, behind one gateway."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,7 +43,13 @@ fn main() -> ExitCode {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,corral=info,corral_engine=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).compact().init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,corral=info,corral_engine=info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .compact()
+        .init();
 }

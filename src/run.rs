@@ -63,7 +63,10 @@ struct Stdout(std::io::StdoutLock<'static>);
 impl Observer for Stdout {
     fn on_token(&mut self, _id: u32, text: &str) -> bool {
         // A closed stdout (e.g. `| head`) ends generation instead of failing.
-        self.0.write_all(text.as_bytes()).and_then(|_| self.0.flush()).is_ok()
+        self.0
+            .write_all(text.as_bytes())
+            .and_then(|_| self.0.flush())
+            .is_ok()
     }
     fn on_flush(&mut self, text: &str) {
         let _ = self.0.write_all(text.as_bytes());
@@ -72,7 +75,10 @@ impl Observer for Stdout {
 
 pub fn run(args: RunArgs) -> Result<()> {
     threads::init(args.threads);
-    let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
+    let dir = args
+        .models_dir
+        .clone()
+        .unwrap_or_else(corral_pool::registry::default_models_dir);
     let entry = corral_pool::registry::resolve(&args.model, &dir)?;
     let engine = Engine::load(&entry.path)?;
     eprintln!(
@@ -108,7 +114,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let mut cache = engine.model.new_cache();
     let mut out = Stdout(std::io::stdout().lock());
-    let o = generate(&engine.model, &engine.tokenizer, &mut cache, &prompt, &params, args.ctx, &mut out)?;
+    let o = generate(
+        &engine.model,
+        &engine.tokenizer,
+        &mut cache,
+        &prompt,
+        &params,
+        args.ctx,
+        &mut out,
+    )?;
     let _ = writeln!(out.0);
     eprintln!(
         "corral: prompt {} tokens, prefill {:.1} tok/s; generated {} tokens, decode {:.1} tok/s; finish {}",

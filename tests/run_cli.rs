@@ -11,7 +11,9 @@ use corral_engine::Engine;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn fixture(name: &str) -> serde_json::Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/tests/fixtures").join(name);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("engine/tests/fixtures")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -19,8 +21,16 @@ fn fixture(name: &str) -> serde_json::Value {
 fn oracle_text(model: &str, fixture_name: &str, case: &str, n: usize) -> String {
     let engine = Engine::load(&model_path(model)).unwrap();
     let fx = fixture(fixture_name);
-    let g = fx["greedy"].as_array().unwrap().iter().find(|g| g["name"] == case).unwrap();
-    let ids: Vec<u32> = g["tokens"].as_array().unwrap()[..n].iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let g = fx["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == case)
+        .unwrap();
+    let ids: Vec<u32> = g["tokens"].as_array().unwrap()[..n]
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
     engine.tokenizer.decode(&ids)
 }
 
@@ -28,32 +38,84 @@ fn oracle_text(model: &str, fixture_name: &str, case: &str, n: usize) -> String 
 fn smollm2_chat_greedy_equals_llama_cpp() {
     let path = model_path(SMOLLM);
     let out = run_corral(
-        &["run", "--model", path.to_str().unwrap(), "--chat", "--prompt", "Write a haiku about the sea.", "--temperature", "0", "--max-tokens", "24"],
+        &[
+            "run",
+            "--model",
+            path.to_str().unwrap(),
+            "--chat",
+            "--prompt",
+            "Write a haiku about the sea.",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+        ],
         DEADLINE,
     );
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.trim_end_matches('\n'), oracle_text(SMOLLM, "oracle-smollm2.json", "haiku", 24));
+    assert_eq!(
+        stdout.trim_end_matches('\n'),
+        oracle_text(SMOLLM, "oracle-smollm2.json", "haiku", 24)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("prefill") && stderr.contains("decode") && stderr.contains("tok/s"), "{stderr}");
+    assert!(
+        stderr.contains("prefill") && stderr.contains("decode") && stderr.contains("tok/s"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn gemma3_raw_completion_by_model_id_equals_llama_cpp() {
     let dir = models_dir();
     let out = run_corral(
-        &["run", "--models-dir", dir.to_str().unwrap(), "--model", "gemma-3-270m-q4_k_m", "--prompt", "def fibonacci(n):\n", "--temperature", "0", "--max-tokens", "24"],
+        &[
+            "run",
+            "--models-dir",
+            dir.to_str().unwrap(),
+            "--model",
+            "gemma-3-270m-q4_k_m",
+            "--prompt",
+            "def fibonacci(n):\n",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+        ],
         DEADLINE,
     );
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.trim_end_matches('\n'), oracle_text(GEMMA, "oracle-gemma3.json", "fib", 24));
+    assert_eq!(
+        stdout.trim_end_matches('\n'),
+        oracle_text(GEMMA, "oracle-gemma3.json", "fib", 24)
+    );
 }
 
 #[test]
 fn seeded_sampling_is_reproducible() {
     let path = model_path(SMOLLM);
-    let args = ["run", "--model", path.to_str().unwrap(), "--prompt", "Once upon a time", "--temperature", "1.0", "--seed", "42", "--max-tokens", "20"];
+    let args = [
+        "run",
+        "--model",
+        path.to_str().unwrap(),
+        "--prompt",
+        "Once upon a time",
+        "--temperature",
+        "1.0",
+        "--seed",
+        "42",
+        "--max-tokens",
+        "20",
+    ];
     let a = run_corral(&args, DEADLINE);
     let b = run_corral(&args, DEADLINE);
     assert!(a.status.success() && b.status.success());
@@ -68,7 +130,10 @@ fn expect_clean_failure(model_arg: &str, needle: &str) {
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
-    assert!(lines[0].starts_with("corral: error:") && lines[0].contains(needle), "{stderr}");
+    assert!(
+        lines[0].starts_with("corral: error:") && lines[0].contains(needle),
+        "{stderr}"
+    );
 }
 
 /// A GGUF header with one string metadata entry and no tensors.
@@ -99,7 +164,10 @@ fn bad_model_files_fail_with_one_clear_line() {
 
     let arch = tmp.path().join("mamba.gguf");
     std::fs::write(&arch, gguf_with_arch("mamba")).unwrap();
-    expect_clean_failure(arch.to_str().unwrap(), "unsupported model architecture \"mamba\"");
+    expect_clean_failure(
+        arch.to_str().unwrap(),
+        "unsupported model architecture \"mamba\"",
+    );
 
     let full = std::fs::read(model_path(SMOLLM)).unwrap();
     let truncated = tmp.path().join("truncated.gguf");

@@ -27,10 +27,20 @@ impl Engine {
         let g = Gguf::open(path)?;
         let model = Model::load(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
+        let text = |id: Option<u32>| {
+            id.and_then(|i| tokenizer.token_text(i))
+                .unwrap_or("")
+                .to_owned()
+        };
         let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
         let gguf_template = g.opt_str("tokenizer.chat_template");
-        let template = match ChatTemplate::new(gguf_template, model.config().arch, &bos, &eos, tokenizer.add_bos()) {
+        let template = match ChatTemplate::new(
+            gguf_template,
+            model.config().arch,
+            &bos,
+            &eos,
+            tokenizer.add_bos(),
+        ) {
             Ok(t) => {
                 if gguf_template.is_none() {
                     tracing::info!(arch = model.config().arch.name(), source = ?t.source(), "model file has no chat template; using the built-in one");
@@ -45,7 +55,14 @@ impl Engine {
         };
         let file_bytes = g.file_len();
         drop(g);
-        Ok(Self { path: path.to_owned(), model, tokenizer, template, file_bytes, load_time: start.elapsed() })
+        Ok(Self {
+            path: path.to_owned(),
+            model,
+            tokenizer,
+            template,
+            file_bytes,
+            load_time: start.elapsed(),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -54,7 +71,10 @@ impl Engine {
 
     /// Render a conversation with the chat template and tokenize it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let t = self.template.as_ref().ok_or_else(|| Error::Template("this model has no chat template".into()))?;
+        let t = self
+            .template
+            .as_ref()
+            .ok_or_else(|| Error::Template("this model has no chat template".into()))?;
         let text = t.render(messages, true)?;
         self.tokenizer.encode(&text, true)
     }

@@ -85,7 +85,11 @@ impl Outcome {
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
-    if d.is_zero() { 0.0 } else { n as f64 / d.as_secs_f64() }
+    if d.is_zero() {
+        0.0
+    } else {
+        n as f64 / d.as_secs_f64()
+    }
 }
 
 /// Generate a continuation of `prompt`. `cache` must hold the KV of exactly
@@ -104,7 +108,10 @@ pub fn generate(
         return Err(Error::Tokenizer("the prompt is empty".into()));
     }
     if prompt.len() >= ctx {
-        return Err(Error::ContextExceeded { prompt: prompt.len(), ctx });
+        return Err(Error::ContextExceeded {
+            prompt: prompt.len(),
+            ctx,
+        });
     }
     cache.truncate(prompt.len() - 1);
     let cached = cache.len();

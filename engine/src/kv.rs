@@ -49,7 +49,9 @@ pub struct KvBlock {
 
 impl KvBlock {
     fn new(shape: &KvShape) -> Self {
-        Self { data: vec![f16::ZERO; shape.block_floats()].into_boxed_slice() }
+        Self {
+            data: vec![f16::ZERO; shape.block_floats()].into_boxed_slice(),
+        }
     }
 
     fn plane(&self, shape: &KvShape, layer: usize, which: usize) -> &[f16] {
@@ -79,7 +81,11 @@ pub struct SeqCache {
 
 impl SeqCache {
     pub fn new(shape: KvShape) -> Self {
-        Self { shape, blocks: Vec::new(), len: 0 }
+        Self {
+            shape,
+            blocks: Vec::new(),
+            len: 0,
+        }
     }
 
     pub fn shape(&self) -> KvShape {
@@ -107,7 +113,11 @@ impl SeqCache {
     /// A new sequence sharing this one's first `n` positions (clamped to `len`).
     pub fn fork(&self, n: usize) -> SeqCache {
         let n = n.min(self.len);
-        Self { shape: self.shape, blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n }
+        Self {
+            shape: self.shape,
+            blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(),
+            len: n,
+        }
     }
 
     /// Bytes of KV memory this sequence references (shared blocks counted in full).
@@ -117,7 +127,11 @@ impl SeqCache {
 
     /// How many leading blocks this sequence shares (same allocation) with `other`.
     pub fn shared_blocks(&self, other: &SeqCache) -> usize {
-        self.blocks.iter().zip(&other.blocks).take_while(|(a, b)| Arc::ptr_eq(a, b)).count()
+        self.blocks
+            .iter()
+            .zip(&other.blocks)
+            .take_while(|(a, b)| Arc::ptr_eq(a, b))
+            .count()
     }
 
     /// Make room for `extra` positions after `len` and take unique ownership of every
@@ -158,7 +172,10 @@ impl SeqCache {
     /// written positions are zeros or stale data and must not be read.
     pub(crate) fn block_kv(&self, layer: usize, b: usize) -> (&[f16], &[f16]) {
         let blk = &self.blocks[b];
-        (blk.plane(&self.shape, layer, 0), blk.plane(&self.shape, layer, 1))
+        (
+            blk.plane(&self.shape, layer, 0),
+            blk.plane(&self.shape, layer, 1),
+        )
     }
 
     pub fn blocks(&self) -> &[Arc<KvBlock>] {
@@ -170,7 +187,10 @@ impl SeqCache {
 mod tests {
     use super::*;
 
-    const SHAPE: KvShape = KvShape { n_layers: 2, kv_dim: 4 };
+    const SHAPE: KvShape = KvShape {
+        n_layers: 2,
+        kv_dim: 4,
+    };
 
     fn filled(n: usize) -> SeqCache {
         let mut c = SeqCache::new(SHAPE);
@@ -186,7 +206,10 @@ mod tests {
 
     fn key(c: &SeqCache, layer: usize, pos: usize) -> Vec<f32> {
         let (k, _) = c.block_kv(layer, pos / BLOCK_TOKENS);
-        k[(pos % BLOCK_TOKENS) * 4..][..4].iter().map(|x| x.to_f32()).collect()
+        k[(pos % BLOCK_TOKENS) * 4..][..4]
+            .iter()
+            .map(|x| x.to_f32())
+            .collect()
     }
 
     #[test]

@@ -16,7 +16,10 @@ pub enum StopScan {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        Self {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+        }
     }
 
     pub fn push(&mut self, text: &str) -> StopScan {
@@ -25,7 +28,12 @@ impl StopMatcher {
         }
         self.held.push_str(text);
         // Earliest full match wins.
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let out = self.held[..at].to_owned();
             self.held.clear();
             return StopScan::Stopped(out);
@@ -55,7 +63,12 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     let max = stop.len().saturating_sub(1).min(text.len());
     (1..=max)
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && stop.as_bytes().starts_with(&text.as_bytes()[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n)
+                && stop
+                    .as_bytes()
+                    .starts_with(&text.as_bytes()[text.len() - n..])
+        })
         .unwrap_or(0)
 }
 
@@ -81,13 +94,19 @@ mod tests {
 
     #[test]
     fn stop_across_token_boundaries_is_not_emitted() {
-        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), true));
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "D more"]),
+            ("hello ".into(), true)
+        );
         assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
     }
 
     #[test]
     fn false_starts_are_released() {
-        assert_eq!(run(&["END"], &["hello E", "N", "x"]), ("hello ENx".into(), false));
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "x"]),
+            ("hello ENx".into(), false)
+        );
         assert_eq!(run(&["END"], &["EN"]), ("EN".into(), false));
     }
 

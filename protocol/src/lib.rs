@@ -6,4 +6,4 @@
 
 mod model_id;
 
-pub use model_id::{ModelId, ModelIdError, MAX_MODEL_ID_LEN};
+pub use model_id::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};

@@ -48,7 +48,11 @@ pub fn scale_inplace(x: &mut [f32], s: f32) {
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     let simd = g.len() & !15;
     for (i, (a, b)) in g.iter_mut().zip(u).enumerate() {
-        let e = if i < simd { expf(0.0 - *a) } else { (-*a).exp() };
+        let e = if i < simd {
+            expf(0.0 - *a)
+        } else {
+            (-*a).exp()
+        };
         *a = (*a / (1.0 + e)) * b;
     }
 }
@@ -103,7 +107,6 @@ pub(crate) fn expf(x: f32) -> f32 {
     // scalef: j * 2^n with a single rounding (exact in f64, then one f32 rounding).
     (j as f64 * 2f64.powi(n as i32)) as f32
 }
-
 
 /// Which pairs of a head's dimensions rotate together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,7 +203,10 @@ mod tests {
         for i in -2000..=0 {
             let x = i as f32 / 20.0;
             let (a, b) = (expf(x), x.exp());
-            assert!((a - b).abs() <= 4.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE), "{x}: {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 4.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE),
+                "{x}: {a} vs {b}"
+            );
         }
         assert_eq!(expf(f32::NEG_INFINITY), 0.0);
         assert_eq!(expf(0.0), 1.0);
