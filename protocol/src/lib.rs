@@ -4,6 +4,10 @@
 //! engine and the gateway depend on it, so a string that crosses a process boundary is
 //! defined here exactly once.
 
+pub mod engine_wire;
+pub mod error;
 mod model_id;
+pub mod openai;
 
+pub use error::{ApiError, ErrorKind};
 pub use model_id::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};

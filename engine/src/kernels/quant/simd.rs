@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn lane_layout_is_four_consecutive_bytes() {
         let x: [i8; 32] = std::array::from_fn(|i| i as i8 - 16);
-        let y: [i8; 32] = std::array::from_fn(|i| (i as i8 * 7 % 11) - 5);
+        let y: [i8; 32] = std::array::from_fn(|i| ((i * 7 % 11) as i8) - 5);
         let want: [i32; 8] = std::array::from_fn(|l| {
             (0..4)
                 .map(|e| x[4 * l + e] as i32 * y[4 * l + e] as i32)

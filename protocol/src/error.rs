@@ -1,0 +1,194 @@
+//! Error kinds that cross the wire, with their HTTP status and stable strings.
+//!
+//! The body follows OpenAI's shape, `{"error":{"message","type","param","code"}}`:
+//! `type` is the OpenAI category (`invalid_request_error`, `rate_limit_error`,
+//! `server_error`) and `code` names the exact condition. Both strings are API: they
+//! never change meaning once shipped.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The body is not valid JSON (or not UTF-8).
+    InvalidJson,
+    /// A field is missing, has the wrong type, or is out of range.
+    InvalidRequest,
+    /// The prompt alone does not fit the context.
+    ContextLengthExceeded,
+    /// The body is over the size limit.
+    PayloadTooLarge,
+    /// No such route.
+    NotFound,
+    /// The route exists, the method does not.
+    MethodNotAllowed,
+    /// The request names a model this server does not have.
+    ModelNotFound,
+    /// The engine's request queue is full.
+    QueueFull,
+    /// The engine is draining (about to stop); retry against its successor.
+    EngineDraining,
+    /// The engine died or the connection to it broke.
+    EngineUnavailable,
+    /// Every engine slot is busy and none could be freed in time.
+    Overloaded,
+    /// The model's engine keeps crashing; not retried until a cooldown passes.
+    EngineCrashLoop,
+    /// The model's engine refused its configuration (bad file, unsupported model).
+    EngineConfig,
+    /// The server is shutting down.
+    ShuttingDown,
+    /// A bug or an unexpected failure inside the server.
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> u16 {
+        use ErrorKind::*;
+        match self {
+            InvalidJson | InvalidRequest | ContextLengthExceeded => 400,
+            NotFound | ModelNotFound => 404,
+            MethodNotAllowed => 405,
+            PayloadTooLarge => 413,
+            QueueFull => 429,
+            Internal => 500,
+            EngineUnavailable => 502,
+            EngineDraining | Overloaded | EngineCrashLoop | EngineConfig | ShuttingDown => 503,
+        }
+    }
+
+    /// OpenAI's `type` field.
+    pub fn type_str(self) -> &'static str {
+        match self.status() {
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    /// The stable `code` field.
+    pub fn code(self) -> &'static str {
+        use ErrorKind::*;
+        match self {
+            InvalidJson => "invalid_json",
+            InvalidRequest => "invalid_value",
+            ContextLengthExceeded => "context_length_exceeded",
+            PayloadTooLarge => "payload_too_large",
+            NotFound => "not_found",
+            MethodNotAllowed => "method_not_allowed",
+            ModelNotFound => "model_not_found",
+            QueueFull => "queue_full",
+            EngineDraining => "engine_draining",
+            EngineUnavailable => "engine_unavailable",
+            Overloaded => "overloaded",
+            EngineCrashLoop => "engine_crash_loop",
+            EngineConfig => "engine_config",
+            ShuttingDown => "shutting_down",
+            Internal => "internal_error",
+        }
+    }
+
+    /// Whether a client may retry later (sent as `Retry-After`).
+    pub fn retry_after_secs(self) -> Option<u64> {
+        use ErrorKind::*;
+        match self {
+            QueueFull | Overloaded | EngineDraining | EngineUnavailable | ShuttingDown => Some(1),
+            EngineCrashLoop => Some(60),
+            _ => None,
+        }
+    }
+}
+
+/// An error as the API returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+            param: Some(param.to_owned()),
+        }
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                r#type: self.kind.type_str().to_owned(),
+                param: self.param.clone(),
+                code: Some(self.kind.code().to_owned()),
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.body())
+            .unwrap_or_else(|_| r#"{"error":{"message":"error"}}"#.to_owned())
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.code(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub r#type: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::invalid("temperature", "must be >= 0");
+        let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "invalid_value");
+        assert_eq!(v["error"]["param"], "temperature");
+        assert_eq!(v["error"]["message"], "must be >= 0");
+    }
+
+    #[test]
+    fn statuses_and_categories() {
+        assert_eq!(ErrorKind::QueueFull.status(), 429);
+        assert_eq!(ErrorKind::QueueFull.type_str(), "rate_limit_error");
+        assert_eq!(ErrorKind::EngineUnavailable.status(), 502);
+        assert_eq!(ErrorKind::EngineDraining.type_str(), "server_error");
+        assert_eq!(ErrorKind::PayloadTooLarge.status(), 413);
+        assert_eq!(ErrorKind::EngineCrashLoop.retry_after_secs(), Some(60));
+    }
+}

@@ -1,0 +1,317 @@
+//! OpenAI-compatible request and response bodies (`/v1/chat/completions`,
+//! `/v1/completions`, `/v1/models`). Requests keep every field optional and loosely
+//! typed so the engine can validate them with clear messages; unknown fields are
+//! ignored, as OpenAI clients send many we do not use.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `"stop": "x"` or `"stop": ["x", "y"]`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Sampling and length fields shared by both generation routes.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct SamplingFields {
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopSpec>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// vLLM's name; `repeat_penalty` is llama.cpp's.
+    #[serde(alias = "repeat_penalty")]
+    pub repetition_penalty: Option<f64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub ignore_eos: Option<bool>,
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+/// One content part of a message (`{"type":"text","text":"..."}`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct MessageIn {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct ChatCompletionRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<MessageIn>>,
+    /// Chat: return log probabilities of the chosen tokens.
+    pub logprobs: Option<bool>,
+    /// Chat: with `logprobs`, also the N most likely alternatives (0..=20).
+    pub top_logprobs: Option<i64>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `prompt`: text, one-element list of text, token ids, or one list of token ids.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Option<Prompt>,
+    /// Completions: number of alternatives per token to return (0..=20).
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+impl Usage {
+    pub fn new(prompt: usize, completion: usize, cached: usize) -> Self {
+        Self {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: cached,
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AssistantMessage {
+    pub role: String,
+    pub content: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub finish_reason: String,
+    pub logprobs: Option<ChoiceLogprobs>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChunkChoice {
+    pub index: usize,
+    pub delta: Delta,
+    pub finish_reason: Option<String>,
+    pub logprobs: Option<ChoiceLogprobs>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Legacy completions logprobs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<HashMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub finish_reason: Option<String>,
+    pub logprobs: Option<CompletionLogprobs>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Completion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GenDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub min_p: f32,
+    /// `None`: until end of generation or the context is full.
+    pub max_tokens: Option<usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Capabilities {
+    pub chat_completions: bool,
+    pub text_completions: bool,
+    pub streaming: bool,
+    pub logprobs: bool,
+    pub tools: bool,
+    pub vision: bool,
+    pub embeddings: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+    pub context_window: usize,
+    pub capabilities: Capabilities,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gen_defaults: Option<GenDefaults>,
+    /// Whether an engine for it is running (gateway listing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resident: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_request_accepts_openai_shapes_and_ignores_unknowns() {
+        let r: ChatCompletionRequest = serde_json::from_str(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],
+                "stop":"x","max_completion_tokens":5,"repeat_penalty":1.1,"stream":true,
+                "stream_options":{"include_usage":true},"user":"ignored","tools":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.sampling.stop, Some(StopSpec::One("x".into())));
+        assert_eq!(r.sampling.max_completion_tokens, Some(5));
+        assert_eq!(r.sampling.repetition_penalty, Some(1.1));
+        assert!(matches!(
+            r.messages.unwrap()[0].content,
+            Some(Content::Parts(_))
+        ));
+    }
+
+    #[test]
+    fn prompt_forms() {
+        let p = |s: &str| {
+            serde_json::from_str::<CompletionRequest>(s)
+                .unwrap()
+                .prompt
+                .unwrap()
+        };
+        assert_eq!(p(r#"{"prompt":"a"}"#), Prompt::Text("a".into()));
+        assert_eq!(p(r#"{"prompt":["a"]}"#), Prompt::Texts(vec!["a".into()]));
+        assert_eq!(p(r#"{"prompt":[1,2]}"#), Prompt::Tokens(vec![1, 2]));
+        assert_eq!(
+            p(r#"{"prompt":[[1,2]]}"#),
+            Prompt::TokenLists(vec![vec![1, 2]])
+        );
+    }
+}
