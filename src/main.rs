@@ -1,6 +1,7 @@
 //! The `corral` binary: one verb per mode. `run` generates once in-process.
 
 mod bench;
+mod engine_cmd;
 mod run;
 
 use std::process::ExitCode;
@@ -24,14 +25,21 @@ enum Command {
     Run(run::RunArgs),
     /// Measure prefill and decode throughput (JSON lines on stdout).
     Bench(bench::BenchArgs),
+    /// Serve one model on a unix socket (the child process the gateway starts).
+    Engine(engine_cmd::EngineArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    if let Command::Engine(args) = cli.command {
+        init_logging(true);
+        return ExitCode::from(engine_cmd::engine(args));
+    }
+    init_logging(false);
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Engine(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -42,14 +50,15 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("warn,corral=info,corral_engine=info")
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .compact()
-        .init();
+/// Human-readable logs for interactive verbs; JSON lines for child processes, whose
+/// stderr the pool parses and re-emits.
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,corral=info,corral_engine=info"));
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    if json {
+        fmt.json().flatten_event(true).init();
+    } else {
+        fmt.compact().init();
+    }
 }

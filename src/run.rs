@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use clap::Args;
 use corral_engine::chat::ChatMessage;
-use corral_engine::generate::{GenerateParams, Observer, generate};
+use corral_engine::generate::{GenerateParams, Observer, TokenOut, generate};
 use corral_engine::sampler::SamplingParams;
 use corral_engine::{Engine, threads};
 
@@ -61,12 +61,9 @@ pub struct RunArgs {
 struct Stdout(std::io::StdoutLock<'static>);
 
 impl Observer for Stdout {
-    fn on_token(&mut self, _id: u32, text: &str) -> bool {
+    fn on_token(&mut self, tok: &TokenOut) -> bool {
         // A closed stdout (e.g. `| head`) ends generation instead of failing.
-        self.0
-            .write_all(text.as_bytes())
-            .and_then(|_| self.0.flush())
-            .is_ok()
+        self.0.write_all(tok.text.as_bytes()).and_then(|_| self.0.flush()).is_ok()
     }
     fn on_flush(&mut self, text: &str) {
         let _ = self.0.write_all(text.as_bytes());
@@ -75,10 +72,7 @@ impl Observer for Stdout {
 
 pub fn run(args: RunArgs) -> Result<()> {
     threads::init(args.threads);
-    let dir = args
-        .models_dir
-        .clone()
-        .unwrap_or_else(corral_pool::registry::default_models_dir);
+    let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
     let entry = corral_pool::registry::resolve(&args.model, &dir)?;
     let engine = Engine::load(&entry.path)?;
     eprintln!(
@@ -111,18 +105,11 @@ pub fn run(args: RunArgs) -> Result<()> {
         },
         stop: args.stop,
         ignore_eos: false,
+        logprobs: None,
     };
     let mut cache = engine.model.new_cache();
     let mut out = Stdout(std::io::stdout().lock());
-    let o = generate(
-        &engine.model,
-        &engine.tokenizer,
-        &mut cache,
-        &prompt,
-        &params,
-        args.ctx,
-        &mut out,
-    )?;
+    let o = generate(&engine.model, &engine.tokenizer, &mut cache, &prompt, &params, args.ctx, &mut out)?;
     let _ = writeln!(out.0);
     eprintln!(
         "corral: prompt {} tokens, prefill {:.1} tok/s; generated {} tokens, decode {:.1} tok/s; finish {}",

@@ -11,9 +11,7 @@ use corral_engine::Engine;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn fixture(name: &str) -> serde_json::Value {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("engine/tests/fixtures")
-        .join(name);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/tests/fixtures").join(name);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -21,16 +19,8 @@ fn fixture(name: &str) -> serde_json::Value {
 fn oracle_text(model: &str, fixture_name: &str, case: &str, n: usize) -> String {
     let engine = Engine::load(&model_path(model)).unwrap();
     let fx = fixture(fixture_name);
-    let g = fx["greedy"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == case)
-        .unwrap();
-    let ids: Vec<u32> = g["tokens"].as_array().unwrap()[..n]
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let g = fx["greedy"].as_array().unwrap().iter().find(|g| g["name"] == case).unwrap();
+    let ids: Vec<u32> = g["tokens"].as_array().unwrap()[..n].iter().map(|v| v.as_u64().unwrap() as u32).collect();
     engine.tokenizer.decode(&ids)
 }
 
@@ -52,21 +42,11 @@ fn smollm2_chat_greedy_equals_llama_cpp() {
         ],
         DEADLINE,
     );
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(
-        stdout.trim_end_matches('\n'),
-        oracle_text(SMOLLM, "oracle-smollm2.json", "haiku", 24)
-    );
+    assert_eq!(stdout.trim_end_matches('\n'), oracle_text(SMOLLM, "oracle-smollm2.json", "haiku", 24));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("prefill") && stderr.contains("decode") && stderr.contains("tok/s"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("prefill") && stderr.contains("decode") && stderr.contains("tok/s"), "{stderr}");
 }
 
 #[test]
@@ -88,16 +68,9 @@ fn gemma3_raw_completion_by_model_id_equals_llama_cpp() {
         ],
         DEADLINE,
     );
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(
-        stdout.trim_end_matches('\n'),
-        oracle_text(GEMMA, "oracle-gemma3.json", "fib", 24)
-    );
+    assert_eq!(stdout.trim_end_matches('\n'), oracle_text(GEMMA, "oracle-gemma3.json", "fib", 24));
 }
 
 #[test]
@@ -130,10 +103,7 @@ fn expect_clean_failure(model_arg: &str, needle: &str) {
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one error line expected, got: {stderr}");
-    assert!(
-        lines[0].starts_with("corral: error:") && lines[0].contains(needle),
-        "{stderr}"
-    );
+    assert!(lines[0].starts_with("corral: error:") && lines[0].contains(needle), "{stderr}");
 }
 
 /// A GGUF header with one string metadata entry and no tensors.
@@ -164,10 +134,7 @@ fn bad_model_files_fail_with_one_clear_line() {
 
     let arch = tmp.path().join("mamba.gguf");
     std::fs::write(&arch, gguf_with_arch("mamba")).unwrap();
-    expect_clean_failure(
-        arch.to_str().unwrap(),
-        "unsupported model architecture \"mamba\"",
-    );
+    expect_clean_failure(arch.to_str().unwrap(), "unsupported model architecture \"mamba\"");
 
     let full = std::fs::read(model_path(SMOLLM)).unwrap();
     let truncated = tmp.path().join("truncated.gguf");

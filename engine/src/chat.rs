@@ -36,10 +36,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self {
-            role: role.to_owned(),
-            content: content.to_owned(),
-        }
+        Self { role: role.to_owned(), content: content.to_owned() }
     }
 }
 
@@ -73,9 +70,7 @@ impl ChatTemplate {
             _ => match arch {
                 Arch::Gemma3 => (TemplateSource::Builtin("gemma"), GEMMA_TEMPLATE.to_owned()),
                 Arch::Llama => {
-                    return Err(Error::Template(
-                        "the model file has no chat template and no built-in one fits".into(),
-                    ));
+                    return Err(Error::Template("the model file has no chat template and no built-in one fits".into()));
                 }
             },
         };
@@ -85,21 +80,11 @@ impl ChatTemplate {
         env.set_fuel(Some(FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<Value, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_template_owned("chat", text)
-            .map_err(|e| Error::Template(describe(&e)))?;
-        Ok(Self {
-            env,
-            source,
-            bos: bos.to_owned(),
-            eos: eos.to_owned(),
-            strip_bos: tokenizer_adds_bos,
-        })
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", text).map_err(|e| Error::Template(describe(&e)))?;
+        Ok(Self { env, source, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
     }
 
     pub fn source(&self) -> &TemplateSource {
@@ -107,10 +92,7 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template("chat")
-            .map_err(|e| Error::Template(describe(&e)))?;
+        let tmpl = self.env.get_template("chat").map_err(|e| Error::Template(describe(&e)))?;
         let out = tmpl
             .render(context! {
                 messages => messages,
@@ -119,15 +101,10 @@ impl ChatTemplate {
                 eos_token => &self.eos,
             })
             .map_err(|e| Error::Template(describe(&e)))?;
-        Ok(
-            match (
-                self.strip_bos && !self.bos.is_empty(),
-                out.strip_prefix(self.bos.as_str()),
-            ) {
-                (true, Some(rest)) => rest.to_owned(),
-                _ => out,
-            },
-        )
+        Ok(match (self.strip_bos && !self.bos.is_empty(), out.strip_prefix(self.bos.as_str())) {
+            (true, Some(rest)) => rest.to_owned(),
+            _ => out,
+        })
     }
 }
 
@@ -157,10 +134,7 @@ mod tests {
     fn renders_gguf_template() {
         let t = ChatTemplate::new(Some(CHATML), Arch::Llama, "<s>", "</s>", false).unwrap();
         let out = t.render(&msgs()[1..2], true).unwrap();
-        assert_eq!(
-            out,
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        );
+        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         assert_eq!(t.source(), &TemplateSource::Gguf);
     }
 
@@ -179,54 +153,29 @@ mod tests {
     fn template_errors_are_clear() {
         let bad = ChatTemplate::new(Some("{% for x in %}"), Arch::Llama, "", "", false);
         assert!(matches!(bad, Err(Error::Template(_))));
-        let raising = ChatTemplate::new(
-            Some("{{ raise_exception('roles must alternate') }}"),
-            Arch::Llama,
-            "",
-            "",
-            false,
-        )
-        .unwrap();
+        let raising =
+            ChatTemplate::new(Some("{{ raise_exception('roles must alternate') }}"), Arch::Llama, "", "", false)
+                .unwrap();
         let err = raising.render(&msgs(), true).unwrap_err().to_string();
         assert!(err.contains("roles must alternate"), "{err}");
-        let looping = ChatTemplate::new(
-            Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"),
-            Arch::Llama,
-            "",
-            "",
-            false,
-        )
-        .unwrap();
-        assert!(
-            looping.render(&msgs(), true).is_err(),
-            "fuel limit stops runaway templates"
-        );
+        let looping =
+            ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"), Arch::Llama, "", "", false)
+                .unwrap();
+        assert!(looping.render(&msgs(), true).is_err(), "fuel limit stops runaway templates");
         assert!(ChatTemplate::new(None, Arch::Llama, "", "", false).is_err());
     }
 
     #[test]
     fn template_bos_is_dropped_when_tokenizer_adds_it() {
-        let t = ChatTemplate::new(
-            Some("{{ bos_token }}{{ messages[0].content }}"),
-            Arch::Llama,
-            "<s>",
-            "",
-            true,
-        )
-        .unwrap();
+        let t =
+            ChatTemplate::new(Some("{{ bos_token }}{{ messages[0].content }}"), Arch::Llama, "<s>", "", true).unwrap();
         assert_eq!(t.render(&msgs()[1..2], false).unwrap(), "Hi");
     }
 
     #[test]
     fn python_string_methods_work() {
-        let t = ChatTemplate::new(
-            Some("{{ messages[0].content.strip().upper() }}"),
-            Arch::Llama,
-            "",
-            "",
-            false,
-        )
-        .unwrap();
+        let t =
+            ChatTemplate::new(Some("{{ messages[0].content.strip().upper() }}"), Arch::Llama, "", "", false).unwrap();
         assert_eq!(t.render(&msgs()[..1], false).unwrap(), "BE BRIEF.");
     }
 }

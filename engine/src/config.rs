@@ -53,37 +53,27 @@ impl ModelConfig {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
             other => {
-                return Err(Error::UnsupportedArch {
-                    arch: other.to_owned(),
-                });
+                return Err(Error::UnsupportedArch { arch: other.to_owned() });
             }
         };
         let k = |suffix: &str| format!("{arch_name}.{suffix}");
         let n_layers = g.u32(&k("block_count"))? as usize;
         let hidden = g.u32(&k("embedding_length"))? as usize;
         let n_heads = g.u32(&k("attention.head_count"))? as usize;
-        let n_kv_heads = g
-            .opt_u32(&k("attention.head_count_kv"))
-            .map_or(n_heads, |v| v as usize);
-        let head_dim = g
-            .opt_u32(&k("attention.key_length"))
-            .map_or_else(|| hidden / n_heads.max(1), |v| v as usize);
+        let n_kv_heads = g.opt_u32(&k("attention.head_count_kv")).map_or(n_heads, |v| v as usize);
+        let head_dim = g.opt_u32(&k("attention.key_length")).map_or_else(|| hidden / n_heads.max(1), |v| v as usize);
         let vocab = g.dims("token_embd.weight")?.first().copied().unwrap_or(0);
         let sliding_window = match arch {
-            Arch::Gemma3 => g
-                .opt_u32(&k("attention.sliding_window"))
-                .map(|v| v as usize),
+            Arch::Gemma3 => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
             Arch::Llama => None,
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6),
         // unless the file states the pattern per layer.
         let is_swa = match (arch, sliding_window) {
-            (Arch::Gemma3, Some(w)) if w > 0 => {
-                match g.i32_array(&k("attention.sliding_window_pattern")) {
-                    Ok(v) if v.len() == n_layers => v.iter().map(|&x| x != 0).collect(),
-                    _ => (0..n_layers).map(|il| il % 6 < 5).collect(),
-                }
-            }
+            (Arch::Gemma3, Some(w)) if w > 0 => match g.i32_array(&k("attention.sliding_window_pattern")) {
+                Ok(v) if v.len() == n_layers => v.iter().map(|&x| x != 0).collect(),
+                _ => (0..n_layers).map(|il| il % 6 < 5).collect(),
+            },
             _ => vec![false; n_layers],
         };
         let cfg = Self {
@@ -107,19 +97,11 @@ impl ModelConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let bad = |key: &str| {
-            Err(Error::Metadata {
-                key: key.to_owned(),
-            })
-        };
+        let bad = |key: &str| Err(Error::Metadata { key: key.to_owned() });
         if self.n_layers == 0 || self.n_layers > 1024 {
             return bad("block_count");
         }
-        if self.hidden == 0
-            || self.n_heads == 0
-            || self.head_dim == 0
-            || !self.head_dim.is_multiple_of(2)
-        {
+        if self.hidden == 0 || self.n_heads == 0 || self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad("attention.head_count / key_length");
         }
         if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {

@@ -11,8 +11,18 @@ use crate::gguf::Gguf;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
+/// Sampling defaults a model file may carry (`general.sampling.*`).
+#[derive(Clone, Debug, Default)]
+pub struct SamplingMetadata {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+}
+
 pub struct Engine {
     pub path: PathBuf,
+    pub sampling_metadata: SamplingMetadata,
     pub model: Model,
     pub tokenizer: Tokenizer,
     /// `None` when the file has no template and no built-in one fits its architecture.
@@ -27,20 +37,10 @@ impl Engine {
         let g = Gguf::open(path)?;
         let model = Model::load(&g)?;
         let tokenizer = Tokenizer::from_gguf(&g)?;
-        let text = |id: Option<u32>| {
-            id.and_then(|i| tokenizer.token_text(i))
-                .unwrap_or("")
-                .to_owned()
-        };
+        let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
         let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
         let gguf_template = g.opt_str("tokenizer.chat_template");
-        let template = match ChatTemplate::new(
-            gguf_template,
-            model.config().arch,
-            &bos,
-            &eos,
-            tokenizer.add_bos(),
-        ) {
+        let template = match ChatTemplate::new(gguf_template, model.config().arch, &bos, &eos, tokenizer.add_bos()) {
             Ok(t) => {
                 if gguf_template.is_none() {
                     tracing::info!(arch = model.config().arch.name(), source = ?t.source(), "model file has no chat template; using the built-in one");
@@ -54,9 +54,16 @@ impl Engine {
             Err(e) => return Err(e),
         };
         let file_bytes = g.file_len();
+        let sampling_metadata = SamplingMetadata {
+            temperature: g.opt_f32("general.sampling.temp"),
+            top_p: g.opt_f32("general.sampling.top_p"),
+            top_k: g.opt_u32("general.sampling.top_k").map(|k| k as usize),
+            min_p: g.opt_f32("general.sampling.min_p"),
+        };
         drop(g);
         Ok(Self {
             path: path.to_owned(),
+            sampling_metadata,
             model,
             tokenizer,
             template,
@@ -71,10 +78,7 @@ impl Engine {
 
     /// Render a conversation with the chat template and tokenize it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let t = self
-            .template
-            .as_ref()
-            .ok_or_else(|| Error::Template("this model has no chat template".into()))?;
+        let t = self.template.as_ref().ok_or_else(|| Error::Template("this model has no chat template".into()))?;
         let text = t.render(messages, true)?;
         self.tokenizer.encode(&text, true)
     }

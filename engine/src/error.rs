@@ -9,10 +9,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot read model file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
 
     #[error("{path} is not a GGUF file (no GGUF magic)")]
     NotGguf { path: PathBuf },
@@ -20,15 +17,8 @@ pub enum Error {
     #[error("{path} is not a valid GGUF file: {reason}")]
     BadGguf { path: PathBuf, reason: String },
 
-    #[error(
-        "{path} is truncated: tensor {tensor} needs bytes up to {need} but the file has {have}"
-    )]
-    Truncated {
-        path: PathBuf,
-        tensor: String,
-        need: u64,
-        have: u64,
-    },
+    #[error("{path} is truncated: tensor {tensor} needs bytes up to {need} but the file has {have}")]
+    Truncated { path: PathBuf, tensor: String, need: u64, have: u64 },
 
     #[error("unsupported model architecture {arch:?} (supported: llama, gemma3)")]
     UnsupportedArch { arch: String },

@@ -23,6 +23,21 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep going past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Report each token's log probability and this many top alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// One generated token as observers see it.
+#[derive(Clone, Debug)]
+pub struct TokenOut {
+    pub id: u32,
+    /// Text this token releases (possibly empty while a stop string or a multi-byte
+    /// character is pending).
+    pub text: String,
+    /// Log probability under the model's distribution (before sampling adjustments).
+    pub logprob: Option<f32>,
+    /// The most likely tokens at this step, best first.
+    pub top: Vec<(u32, f32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,9 +66,8 @@ pub trait Observer {
     fn keep_going(&mut self) -> bool {
         true
     }
-    /// One generated token and the text it releases (possibly empty while a stop string
-    /// or a multi-byte character is pending). `false` cancels.
-    fn on_token(&mut self, id: u32, text: &str) -> bool;
+    /// One generated token. `false` cancels.
+    fn on_token(&mut self, tok: &TokenOut) -> bool;
     /// Text released at the end that belongs to no single token.
     fn on_flush(&mut self, _text: &str) {}
 }
@@ -84,12 +98,37 @@ impl Outcome {
     }
 }
 
-fn rate(n: usize, d: Duration) -> f64 {
-    if d.is_zero() {
-        0.0
-    } else {
-        n as f64 / d.as_secs_f64()
+/// Log-probabilities of one step's raw logits: `logit - logsumexp(logits)`.
+struct LogSoftmax {
+    lse: f32,
+    logits: Vec<f32>,
+    top: Vec<(u32, f32)>,
+}
+
+impl LogSoftmax {
+    fn new(logits: &[f32], top_n: usize) -> Self {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let lse = max + sum.ln() as f32;
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let n = top_n.min(idx.len());
+        let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+        if n > 0 && n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, by_logit);
+        }
+        idx.truncate(n);
+        idx.sort_by(by_logit);
+        let top = idx.iter().map(|&i| (i, logits[i as usize] - lse)).collect();
+        Self { lse, logits: logits.to_vec(), top }
     }
+
+    fn logprob(&self, id: u32) -> f32 {
+        self.logits.get(id as usize).map_or(f32::NEG_INFINITY, |l| l - self.lse)
+    }
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    if d.is_zero() { 0.0 } else { n as f64 / d.as_secs_f64() }
 }
 
 /// Generate a continuation of `prompt`. `cache` must hold the KV of exactly
@@ -108,10 +147,7 @@ pub fn generate(
         return Err(Error::Tokenizer("the prompt is empty".into()));
     }
     if prompt.len() >= ctx {
-        return Err(Error::ContextExceeded {
-            prompt: prompt.len(),
-            ctx,
-        });
+        return Err(Error::ContextExceeded { prompt: prompt.len(), ctx });
     }
     cache.truncate(prompt.len() - 1);
     let cached = cache.len();
@@ -146,6 +182,7 @@ pub fn generate(
     let mut utf8 = Utf8Stream::new();
     let mut stops = StopMatcher::new(params.stop.clone());
     while out.tokens.len() < max_tokens {
+        let lp = params.logprobs.map(|n| LogSoftmax::new(&logits, n));
         let id = sampler.sample(&mut logits, &history);
         if !params.ignore_eos && tokenizer.is_eog(id) {
             out.finish = FinishReason::Stop;
@@ -158,7 +195,11 @@ pub fn generate(
             StopScan::Continue(t) => (t, false),
             StopScan::Stopped(t) => (t, true),
         };
-        if !obs.on_token(id, &text) {
+        let (logprob, top) = match &lp {
+            Some(l) => (Some(l.logprob(id)), l.top.clone()),
+            None => (None, Vec::new()),
+        };
+        if !obs.on_token(&TokenOut { id, text, logprob, top }) {
             out.finish = FinishReason::Cancelled;
             break;
         }

@@ -26,19 +26,14 @@ pub struct Gguf {
 
 impl Gguf {
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |source| Error::Io {
-            path: path.to_owned(),
-            source,
-        };
+        let io = |source| Error::Io { path: path.to_owned(), source };
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if file.metadata().map_err(io)?.is_dir() {
             return Err(io(std::io::Error::other("is a directory")));
         }
         if len < 8 {
-            return Err(Error::NotGguf {
-                path: path.to_owned(),
-            });
+            return Err(Error::NotGguf { path: path.to_owned() });
         }
         // SAFETY: the file is opened read-only and only read through this map during load;
         // every range read below is bounds-checked against `len`. Model files are not
@@ -46,19 +41,11 @@ impl Gguf {
         // SIGBUS, the same contract as llama.cpp's mmap loading).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         if &map[..4] != b"GGUF" {
-            return Err(Error::NotGguf {
-                path: path.to_owned(),
-            });
+            return Err(Error::NotGguf { path: path.to_owned() });
         }
-        let content = Content::read(&mut Cursor::new(&map[..])).map_err(|e| Error::BadGguf {
-            path: path.to_owned(),
-            reason: crate::error::candle_message(&e),
-        })?;
-        let gguf = Self {
-            path: path.to_owned(),
-            map,
-            content,
-        };
+        let content = Content::read(&mut Cursor::new(&map[..]))
+            .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: crate::error::candle_message(&e) })?;
+        let gguf = Self { path: path.to_owned(), map, content };
         gguf.check_tensor_ranges()?;
         Ok(gguf)
     }
@@ -68,29 +55,18 @@ impl Gguf {
         for (name, info) in &self.content.tensor_infos {
             let (start, end) = self.byte_range(name, info)?;
             if end > have || start > end {
-                return Err(Error::Truncated {
-                    path: self.path.clone(),
-                    tensor: name.clone(),
-                    need: end,
-                    have,
-                });
+                return Err(Error::Truncated { path: self.path.clone(), tensor: name.clone(), need: end, have });
             }
         }
         Ok(())
     }
 
-    fn byte_range(
-        &self,
-        name: &str,
-        info: &candle_core::quantized::gguf_file::TensorInfo,
-    ) -> Result<(u64, u64)> {
+    fn byte_range(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Result<(u64, u64)> {
         let dtype = info.ggml_dtype;
         let elems = info.shape.elem_count() as u64;
         let block = dtype.block_size() as u64;
         if !elems.is_multiple_of(block) {
-            return Err(self.bad(format!(
-                "tensor {name}: {elems} elements is not a multiple of {block}"
-            )));
+            return Err(self.bad(format!("tensor {name}: {elems} elements is not a multiple of {block}")));
         }
         let bytes = (elems / block)
             .checked_mul(dtype.type_size() as u64)
@@ -100,17 +76,12 @@ impl Gguf {
             .tensor_data_offset
             .checked_add(info.offset)
             .ok_or_else(|| self.bad(format!("tensor {name}: offset overflows")))?;
-        let end = start
-            .checked_add(bytes)
-            .ok_or_else(|| self.bad(format!("tensor {name}: size overflows")))?;
+        let end = start.checked_add(bytes).ok_or_else(|| self.bad(format!("tensor {name}: size overflows")))?;
         Ok((start, end))
     }
 
     fn bad(&self, reason: String) -> Error {
-        Error::BadGguf {
-            path: self.path.clone(),
-            reason,
-        }
+        Error::BadGguf { path: self.path.clone(), reason }
     }
 
     pub fn path(&self) -> &Path {
@@ -130,9 +101,7 @@ impl Gguf {
     }
 
     fn missing(key: &str) -> Error {
-        Error::Metadata {
-            key: key.to_owned(),
-        }
+        Error::Metadata { key: key.to_owned() }
     }
 
     pub fn has(&self, key: &str) -> bool {
@@ -163,8 +132,7 @@ impl Gguf {
             Some(Value::I64(v)) => u64::try_from(*v).ok(),
             _ => None,
         };
-        v.and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| Self::missing(key))
+        v.and_then(|v| u32::try_from(v).ok()).ok_or_else(|| Self::missing(key))
     }
 
     pub fn opt_u32(&self, key: &str) -> Option<u32> {
@@ -239,10 +207,7 @@ impl Gguf {
             .tensor_infos
             .get(name)
             .map(|i| i.shape.dims().to_vec())
-            .ok_or_else(|| Error::Tensor {
-                name: name.to_owned(),
-                reason: "missing".into(),
-            })
+            .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })
     }
 
     /// A tensor's stored bytes and format.
@@ -251,10 +216,7 @@ impl Gguf {
             .content
             .tensor_infos
             .get(name)
-            .ok_or_else(|| Error::Tensor {
-                name: name.to_owned(),
-                reason: "missing".into(),
-            })?;
+            .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })?;
         let (start, end) = self.byte_range(name, info)?;
         // Ranges were validated against the map length at open.
         Ok((&self.map[start as usize..end as usize], info.ggml_dtype))
@@ -266,11 +228,8 @@ impl Gguf {
         let shape = self.content.tensor_infos[name].shape.clone();
         // candle casts the bytes to its block structs and asserts alignment (at most 4 for
         // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so.
-        let data: Cow<'_, [u8]> = if (bytes.as_ptr() as usize).is_multiple_of(4) {
-            Cow::Borrowed(bytes)
-        } else {
-            Cow::Owned(bytes.to_vec())
-        };
+        let data: Cow<'_, [u8]> =
+            if (bytes.as_ptr() as usize).is_multiple_of(4) { Cow::Borrowed(bytes) } else { Cow::Owned(bytes.to_vec()) };
         let storage = QStorage::from_data(data, &Device::Cpu, dtype)?;
         Ok(QTensor::new(storage, shape)?)
     }

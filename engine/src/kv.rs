@@ -49,9 +49,7 @@ pub struct KvBlock {
 
 impl KvBlock {
     fn new(shape: &KvShape) -> Self {
-        Self {
-            data: vec![f16::ZERO; shape.block_floats()].into_boxed_slice(),
-        }
+        Self { data: vec![f16::ZERO; shape.block_floats()].into_boxed_slice() }
     }
 
     fn plane(&self, shape: &KvShape, layer: usize, which: usize) -> &[f16] {
@@ -81,11 +79,7 @@ pub struct SeqCache {
 
 impl SeqCache {
     pub fn new(shape: KvShape) -> Self {
-        Self {
-            shape,
-            blocks: Vec::new(),
-            len: 0,
-        }
+        Self { shape, blocks: Vec::new(), len: 0 }
     }
 
     pub fn shape(&self) -> KvShape {
@@ -113,11 +107,7 @@ impl SeqCache {
     /// A new sequence sharing this one's first `n` positions (clamped to `len`).
     pub fn fork(&self, n: usize) -> SeqCache {
         let n = n.min(self.len);
-        Self {
-            shape: self.shape,
-            blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(),
-            len: n,
-        }
+        Self { shape: self.shape, blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n }
     }
 
     /// Bytes of KV memory this sequence references (shared blocks counted in full).
@@ -127,11 +117,7 @@ impl SeqCache {
 
     /// How many leading blocks this sequence shares (same allocation) with `other`.
     pub fn shared_blocks(&self, other: &SeqCache) -> usize {
-        self.blocks
-            .iter()
-            .zip(&other.blocks)
-            .take_while(|(a, b)| Arc::ptr_eq(a, b))
-            .count()
+        self.blocks.iter().zip(&other.blocks).take_while(|(a, b)| Arc::ptr_eq(a, b)).count()
     }
 
     /// Make room for `extra` positions after `len` and take unique ownership of every
@@ -154,8 +140,8 @@ impl SeqCache {
         let shape = self.shape;
         for (t, (kr, vr)) in k.chunks_exact(d).zip(v.chunks_exact(d)).enumerate() {
             let pos = pos0 + t;
-            let block = Arc::get_mut(&mut self.blocks[pos / BLOCK_TOKENS])
-                .expect("reserve() made written blocks unique");
+            let block =
+                Arc::get_mut(&mut self.blocks[pos / BLOCK_TOKENS]).expect("reserve() made written blocks unique");
             let slot = (pos % BLOCK_TOKENS) * d;
             block.plane_mut(&shape, layer, 0)[slot..slot + d].convert_from_f32_slice(kr);
             block.plane_mut(&shape, layer, 1)[slot..slot + d].convert_from_f32_slice(vr);
@@ -172,10 +158,7 @@ impl SeqCache {
     /// written positions are zeros or stale data and must not be read.
     pub(crate) fn block_kv(&self, layer: usize, b: usize) -> (&[f16], &[f16]) {
         let blk = &self.blocks[b];
-        (
-            blk.plane(&self.shape, layer, 0),
-            blk.plane(&self.shape, layer, 1),
-        )
+        (blk.plane(&self.shape, layer, 0), blk.plane(&self.shape, layer, 1))
     }
 
     pub fn blocks(&self) -> &[Arc<KvBlock>] {
@@ -187,10 +170,7 @@ impl SeqCache {
 mod tests {
     use super::*;
 
-    const SHAPE: KvShape = KvShape {
-        n_layers: 2,
-        kv_dim: 4,
-    };
+    const SHAPE: KvShape = KvShape { n_layers: 2, kv_dim: 4 };
 
     fn filled(n: usize) -> SeqCache {
         let mut c = SeqCache::new(SHAPE);
@@ -206,10 +186,7 @@ mod tests {
 
     fn key(c: &SeqCache, layer: usize, pos: usize) -> Vec<f32> {
         let (k, _) = c.block_kv(layer, pos / BLOCK_TOKENS);
-        k[(pos % BLOCK_TOKENS) * 4..][..4]
-            .iter()
-            .map(|x| x.to_f32())
-            .collect()
+        k[(pos % BLOCK_TOKENS) * 4..][..4].iter().map(|x| x.to_f32()).collect()
     }
 
     #[test]

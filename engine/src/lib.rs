@@ -16,6 +16,7 @@ pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod sampler;
+pub mod server;
 pub mod stop;
 pub mod threads;
 pub mod tokenizer;

@@ -52,16 +52,11 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self { temperature: 0.0, ..Self::default() }
     }
 
     fn penalties_active(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
 
@@ -78,11 +73,7 @@ impl Sampler {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
-        Self {
-            params,
-            rng,
-            cand: Vec::new(),
-        }
+        Self { params, rng, cand: Vec::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -99,11 +90,7 @@ impl Sampler {
             }
         }
         if p.penalties_active() {
-            apply_penalties(
-                logits,
-                &recent[recent.len().saturating_sub(p.penalty_last_n)..],
-                p,
-            );
+            apply_penalties(logits, &recent[recent.len().saturating_sub(p.penalty_last_n)..], p);
         }
         if p.temperature <= 0.0 {
             return argmax(logits);
@@ -111,18 +98,11 @@ impl Sampler {
 
         let cand = &mut self.cand;
         cand.clear();
-        cand.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (i as u32, l)),
-        );
+        cand.extend(logits.iter().enumerate().filter(|(_, l)| l.is_finite()).map(|(i, &l)| (i as u32, l)));
         if cand.is_empty() {
             return argmax(logits);
         }
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let by_logit_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
             cand.truncate(p.top_k);
@@ -146,20 +126,14 @@ impl Sampler {
         }
         if p.min_p > 0.0 {
             // probs[0] is the maximum (relative weight 1.0).
-            let n = probs[..keep]
-                .iter()
-                .take_while(|&&pr| pr >= p.min_p)
-                .count();
+            let n = probs[..keep].iter().take_while(|&&pr| pr >= p.min_p).count();
             keep = n.max(1);
         }
         cand.truncate(keep.max(1));
 
         // Temperature, then draw.
         let t = p.temperature;
-        let weights: Vec<f64> = cand
-            .iter()
-            .map(|c| (((c.1 - max) / t) as f64).exp())
-            .collect();
+        let weights: Vec<f64> = cand.iter().map(|c| (((c.1 - max) / t) as f64).exp()).collect();
         let sum: f64 = weights.iter().sum();
         let mut r = self.rng.random::<f64>() * sum;
         for (c, w) in cand.iter().zip(&weights) {
@@ -182,11 +156,7 @@ fn apply_penalties(logits: &mut [f32], window: &[u32], p: &SamplingParams) {
             continue;
         };
         if p.repetition_penalty != 1.0 {
-            *l = if *l > 0.0 {
-                *l / p.repetition_penalty
-            } else {
-                *l * p.repetition_penalty
-            };
+            *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
         }
         *l -= n as f32 * p.frequency_penalty + p.presence_penalty;
     }
@@ -217,10 +187,7 @@ mod tests {
     fn greedy_picks_argmax_and_bias_moves_it() {
         let mut s = Sampler::new(SamplingParams::greedy());
         assert_eq!(s.sample(&mut logits(), &[]), 1);
-        let mut s = Sampler::new(SamplingParams {
-            logit_bias: vec![(5, 10.0)],
-            ..SamplingParams::greedy()
-        });
+        let mut s = Sampler::new(SamplingParams { logit_bias: vec![(5, 10.0)], ..SamplingParams::greedy() });
         assert_eq!(s.sample(&mut logits(), &[]), 5);
     }
 
@@ -238,54 +205,27 @@ mod tests {
         assert_eq!(l[5], -2.0 - 0.25 - 0.5);
         assert_eq!(l[2], 2.0);
         let mut s = Sampler::new(p);
-        assert_eq!(
-            s.sample(&mut logits(), &[1, 1]),
-            4,
-            "penalized best token loses"
-        );
+        assert_eq!(s.sample(&mut logits(), &[1, 1]), 4, "penalized best token loses");
     }
 
     #[test]
     fn same_seed_same_draws() {
-        let params = SamplingParams {
-            temperature: 1.5,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: Some(7),
-            ..Default::default()
-        };
+        let params =
+            SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(7), ..Default::default() };
         let draw = |params: &SamplingParams| {
             let mut s = Sampler::new(params.clone());
-            (0..50)
-                .map(|_| s.sample(&mut logits(), &[]))
-                .collect::<Vec<_>>()
+            (0..50).map(|_| s.sample(&mut logits(), &[])).collect::<Vec<_>>()
         };
         let a = draw(&params);
         assert_eq!(a, draw(&params));
-        assert!(
-            a.iter().collect::<std::collections::HashSet<_>>().len() > 2,
-            "high temperature explores"
-        );
-        assert_ne!(
-            a,
-            draw(&SamplingParams {
-                seed: Some(8),
-                ..params.clone()
-            })
-        );
+        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 2, "high temperature explores");
+        assert_ne!(a, draw(&SamplingParams { seed: Some(8), ..params.clone() }));
     }
 
     #[test]
     fn truncation_limits_the_support() {
-        let base = SamplingParams {
-            temperature: 5.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: Some(1),
-            ..Default::default()
-        };
+        let base =
+            SamplingParams { temperature: 5.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: Some(1), ..Default::default() };
         let support = |p: SamplingParams| {
             let mut s = Sampler::new(p);
             let mut seen: Vec<u32> = (0..300).map(|_| s.sample(&mut logits(), &[])).collect();
@@ -293,34 +233,10 @@ mod tests {
             seen.dedup();
             seen
         };
-        assert_eq!(
-            support(SamplingParams {
-                top_k: 2,
-                ..base.clone()
-            }),
-            vec![1, 4]
-        );
-        assert_eq!(
-            support(SamplingParams {
-                min_p: 0.5,
-                ..base.clone()
-            }),
-            vec![1, 4]
-        );
-        assert_eq!(
-            support(SamplingParams {
-                min_p: 0.3,
-                ..base.clone()
-            }),
-            vec![1, 2, 4]
-        );
-        assert_eq!(
-            support(SamplingParams {
-                top_p: 0.5,
-                ..base.clone()
-            }),
-            vec![1, 4]
-        );
+        assert_eq!(support(SamplingParams { top_k: 2, ..base.clone() }), vec![1, 4]);
+        assert_eq!(support(SamplingParams { min_p: 0.5, ..base.clone() }), vec![1, 4]);
+        assert_eq!(support(SamplingParams { min_p: 0.3, ..base.clone() }), vec![1, 2, 4]);
+        assert_eq!(support(SamplingParams { top_p: 0.5, ..base.clone() }), vec![1, 4]);
         assert_eq!(support(base).len(), 6);
     }
 }

@@ -16,10 +16,7 @@ pub enum StopScan {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        Self {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
-            held: String::new(),
-        }
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
     }
 
     pub fn push(&mut self, text: &str) -> StopScan {
@@ -28,23 +25,13 @@ impl StopMatcher {
         }
         self.held.push_str(text);
         // Earliest full match wins.
-        if let Some(at) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
             let out = self.held[..at].to_owned();
             self.held.clear();
             return StopScan::Stopped(out);
         }
         // Keep the longest suffix that is a prefix of some stop string.
-        let keep = self
-            .stops
-            .iter()
-            .map(|s| longest_suffix_prefix(&self.held, s))
-            .max()
-            .unwrap_or(0);
+        let keep = self.stops.iter().map(|s| longest_suffix_prefix(&self.held, s)).max().unwrap_or(0);
         let cut = self.held.len() - keep;
         let out = self.held[..cut].to_owned();
         self.held.drain(..cut);
@@ -64,10 +51,7 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
     (1..=max)
         .rev()
         .find(|&n| {
-            text.is_char_boundary(text.len() - n)
-                && stop
-                    .as_bytes()
-                    .starts_with(&text.as_bytes()[text.len() - n..])
+            text.is_char_boundary(text.len() - n) && stop.as_bytes().starts_with(&text.as_bytes()[text.len() - n..])
         })
         .unwrap_or(0)
 }
@@ -94,19 +78,13 @@ mod tests {
 
     #[test]
     fn stop_across_token_boundaries_is_not_emitted() {
-        assert_eq!(
-            run(&["END"], &["hello E", "N", "D more"]),
-            ("hello ".into(), true)
-        );
+        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), true));
         assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
     }
 
     #[test]
     fn false_starts_are_released() {
-        assert_eq!(
-            run(&["END"], &["hello E", "N", "x"]),
-            ("hello ENx".into(), false)
-        );
+        assert_eq!(run(&["END"], &["hello E", "N", "x"]), ("hello ENx".into(), false));
         assert_eq!(run(&["END"], &["EN"]), ("EN".into(), false));
     }
 

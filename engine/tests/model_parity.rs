@@ -22,11 +22,7 @@ fn prefill(model: &Model, cache: &mut corral_engine::kv::SeqCache, ids: &[u32]) 
     let chunks: Vec<&[u32]> = ids.chunks(512).collect();
     let mut last = Vec::new();
     for (i, c) in chunks.iter().enumerate() {
-        let mode = if i + 1 == chunks.len() {
-            Logits::Last
-        } else {
-            Logits::None
-        };
+        let mode = if i + 1 == chunks.len() { Logits::Last } else { Logits::None };
         last = model.forward(c, cache, mode).unwrap();
     }
     last
@@ -48,12 +44,7 @@ fn cases(fixture_name: &str) -> Vec<Case> {
             name: g["name"].as_str().unwrap().to_owned(),
             prompt: ids(&g["prompt_ids"]),
             tokens: ids(&g["tokens"]),
-            margins: g["margins"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| m.as_f64().unwrap())
-                .collect(),
+            margins: g["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
         })
         .collect()
 }
@@ -68,37 +59,25 @@ fn teacher_forced(model_file: &str, fixture_name: &str) {
         let mut ours = vec![argmax(&first)];
         // Token by token, as llama.cpp produced the continuation.
         for &t in &case.tokens[..case.tokens.len() - 1] {
-            ours.push(argmax(
-                &model.forward(&[t], &mut cache, Logits::Last).unwrap(),
-            ));
+            ours.push(argmax(&model.forward(&[t], &mut cache, Logits::Last).unwrap()));
         }
         let mut case_agree = 0;
         for (i, (a, b)) in ours.iter().zip(&case.tokens).enumerate() {
             if a == b {
                 case_agree += 1;
             } else {
-                report.push(format!(
-                    "{} pos {i}: ours {a} llama.cpp {b} (its margin {})",
-                    case.name, case.margins[i]
-                ));
+                report.push(format!("{} pos {i}: ours {a} llama.cpp {b} (its margin {})", case.name, case.margins[i]));
             }
         }
         agree += case_agree;
         total += case.tokens.len();
     }
     let rate = agree as f64 / total as f64;
-    eprintln!(
-        "{model_file}: teacher-forced argmax agreement {agree}/{total} = {:.2}%",
-        rate * 100.0
-    );
+    eprintln!("{model_file}: teacher-forced argmax agreement {agree}/{total} = {:.2}%", rate * 100.0);
     for r in &report {
         eprintln!("  {r}");
     }
-    assert!(
-        rate >= 0.98,
-        "{model_file}: agreement {:.2}% < 98%",
-        rate * 100.0
-    );
+    assert!(rate >= 0.98, "{model_file}: agreement {:.2}% < 98%", rate * 100.0);
 }
 
 fn free_running(model_file: &str, fixture_name: &str) {

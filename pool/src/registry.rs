@@ -18,16 +18,9 @@ pub struct ModelEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("cannot read models directory {dir}: {source}")]
-    Dir {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
+    Dir { dir: PathBuf, source: std::io::Error },
     #[error("model {name:?} not found: not a file, and not an id in {dir} (known: {known})")]
-    NotFound {
-        name: String,
-        dir: PathBuf,
-        known: String,
-    },
+    NotFound { name: String, dir: PathBuf, known: String },
     #[error("cannot use {path} as a model: {reason}")]
     BadFile { path: PathBuf, reason: String },
 }
@@ -41,9 +34,7 @@ pub fn default_models_dir() -> PathBuf {
 }
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Every `.gguf` file directly in `dir`, sorted by id. A missing directory is empty.
@@ -52,10 +43,7 @@ pub fn scan(dir: &Path) -> Result<Vec<ModelEntry>, RegistryError> {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
-            return Err(RegistryError::Dir {
-                dir: dir.to_owned(),
-                source,
-            });
+            return Err(RegistryError::Dir { dir: dir.to_owned(), source });
         }
     };
     let mut out = Vec::new();
@@ -75,24 +63,14 @@ pub fn scan(dir: &Path) -> Result<Vec<ModelEntry>, RegistryError> {
 
 /// The entry for one model file; its id is the file stem.
 pub fn entry(path: &Path) -> Result<ModelEntry, RegistryError> {
-    let bad = |reason: String| RegistryError::BadFile {
-        path: path.to_owned(),
-        reason,
-    };
+    let bad = |reason: String| RegistryError::BadFile { path: path.to_owned(), reason };
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
-    let stem = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .ok_or_else(|| bad("file name is not UTF-8".into()))?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).ok_or_else(|| bad("file name is not UTF-8".into()))?;
     let id = ModelId::new(stem).map_err(|e| bad(e.to_string()))?;
-    Ok(ModelEntry {
-        id,
-        path: path.to_owned(),
-        bytes: meta.len(),
-    })
+    Ok(ModelEntry { id, path: path.to_owned(), bytes: meta.len() })
 }
 
 /// A model named on the command line: an existing file path, or an id in `dir`.
@@ -108,16 +86,9 @@ pub fn resolve(name: &str, dir: &Path) -> Result<ModelEntry, RegistryError> {
     let known = if all.is_empty() {
         "none; run scripts/fetch-models".to_owned()
     } else {
-        all.iter()
-            .map(|e| e.id.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        all.iter().map(|e| e.id.as_str()).collect::<Vec<_>>().join(", ")
     };
-    Err(RegistryError::NotFound {
-        name: name.to_owned(),
-        dir: dir.to_owned(),
-        known,
-    })
+    Err(RegistryError::NotFound { name: name.to_owned(), dir: dir.to_owned(), known })
 }
 
 #[cfg(test)]
@@ -139,11 +110,7 @@ mod tests {
         std::fs::write(d.join("notes.txt"), b"").unwrap();
         std::fs::write(d.join("bad name.gguf"), b"").unwrap();
         std::fs::create_dir(d.join("dir.gguf")).unwrap();
-        let ids: Vec<String> = scan(&d)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.id.to_string())
-            .collect();
+        let ids: Vec<String> = scan(&d).unwrap().into_iter().map(|e| e.id.to_string()).collect();
         assert_eq!(ids, vec!["a", "b-model.Q4_0"]);
         assert!(scan(&d.join("missing")).unwrap().is_empty());
         std::fs::remove_dir_all(&d).unwrap();
@@ -154,12 +121,7 @@ mod tests {
         let d = tmpdir("resolve");
         let f = d.join("m1.gguf");
         std::fs::write(&f, b"abc").unwrap();
-        assert_eq!(
-            resolve(f.to_str().unwrap(), Path::new("/nonexistent"))
-                .unwrap()
-                .bytes,
-            3
-        );
+        assert_eq!(resolve(f.to_str().unwrap(), Path::new("/nonexistent")).unwrap().bytes, 3);
         assert_eq!(resolve("m1", &d).unwrap().path, f);
         let err = resolve("nope", &d).unwrap_err().to_string();
         assert!(err.contains("m1"), "{err}");

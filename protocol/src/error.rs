@@ -109,19 +109,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self {
-            kind,
-            message: message.into(),
-            param: None,
-        }
+        Self { kind, message: message.into(), param: None }
     }
 
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
-        Self {
-            kind: ErrorKind::InvalidRequest,
-            message: message.into(),
-            param: Some(param.to_owned()),
-        }
+        Self { kind: ErrorKind::InvalidRequest, message: message.into(), param: Some(param.to_owned()) }
     }
 
     pub fn with_param(mut self, param: impl Into<String>) -> Self {
@@ -141,8 +133,7 @@ impl ApiError {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string(&self.body())
-            .unwrap_or_else(|_| r#"{"error":{"message":"error"}}"#.to_owned())
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| r#"{"error":{"message":"error"}}"#.to_owned())
     }
 }
 

@@ -33,10 +33,7 @@ impl ModelId {
         if id.len() > MAX_MODEL_ID_LEN {
             return Err(ModelIdError::TooLong);
         }
-        if let Some(ch) = id
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-        {
+        if let Some(ch) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))) {
             return Err(ModelIdError::BadChar { id, ch });
         }
         if id.starts_with('.') || id.starts_with('-') || id.contains("..") {
@@ -62,12 +59,7 @@ mod tests {
 
     #[test]
     fn accepts_file_stems() {
-        for ok in [
-            "SmolLM2-135M-Instruct.Q4_1",
-            "gemma-3-270m-q4_k_m",
-            "qwen3:8b",
-            "a",
-        ] {
+        for ok in ["SmolLM2-135M-Instruct.Q4_1", "gemma-3-270m-q4_k_m", "qwen3:8b", "a"] {
             assert_eq!(ModelId::new(ok).unwrap().as_str(), ok);
         }
     }
@@ -75,34 +67,13 @@ mod tests {
     #[test]
     fn rejects_paths_and_junk() {
         assert_eq!(ModelId::new(""), Err(ModelIdError::Empty));
-        assert!(matches!(
-            ModelId::new("a/b"),
-            Err(ModelIdError::BadChar { ch: '/', .. })
-        ));
-        assert!(matches!(
-            ModelId::new("a\\b"),
-            Err(ModelIdError::BadChar { .. })
-        ));
-        assert!(matches!(
-            ModelId::new("x y"),
-            Err(ModelIdError::BadChar { .. })
-        ));
-        assert!(matches!(
-            ModelId::new(".hidden"),
-            Err(ModelIdError::BadShape(_))
-        ));
-        assert!(matches!(
-            ModelId::new("-flag"),
-            Err(ModelIdError::BadShape(_))
-        ));
-        assert!(matches!(
-            ModelId::new("a..b"),
-            Err(ModelIdError::BadShape(_))
-        ));
-        assert_eq!(
-            ModelId::new("x".repeat(MAX_MODEL_ID_LEN + 1)),
-            Err(ModelIdError::TooLong)
-        );
+        assert!(matches!(ModelId::new("a/b"), Err(ModelIdError::BadChar { ch: '/', .. })));
+        assert!(matches!(ModelId::new("a\\b"), Err(ModelIdError::BadChar { .. })));
+        assert!(matches!(ModelId::new("x y"), Err(ModelIdError::BadChar { .. })));
+        assert!(matches!(ModelId::new(".hidden"), Err(ModelIdError::BadShape(_))));
+        assert!(matches!(ModelId::new("-flag"), Err(ModelIdError::BadShape(_))));
+        assert!(matches!(ModelId::new("a..b"), Err(ModelIdError::BadShape(_))));
+        assert_eq!(ModelId::new("x".repeat(MAX_MODEL_ID_LEN + 1)), Err(ModelIdError::TooLong));
         assert!(ModelId::new("x".repeat(MAX_MODEL_ID_LEN)).is_ok());
     }
 }

@@ -125,9 +125,7 @@ impl Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: prompt + completion,
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: cached,
-            },
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
         }
     }
 }
@@ -292,26 +290,15 @@ mod tests {
         assert_eq!(r.sampling.stop, Some(StopSpec::One("x".into())));
         assert_eq!(r.sampling.max_completion_tokens, Some(5));
         assert_eq!(r.sampling.repetition_penalty, Some(1.1));
-        assert!(matches!(
-            r.messages.unwrap()[0].content,
-            Some(Content::Parts(_))
-        ));
+        assert!(matches!(r.messages.unwrap()[0].content, Some(Content::Parts(_))));
     }
 
     #[test]
     fn prompt_forms() {
-        let p = |s: &str| {
-            serde_json::from_str::<CompletionRequest>(s)
-                .unwrap()
-                .prompt
-                .unwrap()
-        };
+        let p = |s: &str| serde_json::from_str::<CompletionRequest>(s).unwrap().prompt.unwrap();
         assert_eq!(p(r#"{"prompt":"a"}"#), Prompt::Text("a".into()));
         assert_eq!(p(r#"{"prompt":["a"]}"#), Prompt::Texts(vec!["a".into()]));
         assert_eq!(p(r#"{"prompt":[1,2]}"#), Prompt::Tokens(vec![1, 2]));
-        assert_eq!(
-            p(r#"{"prompt":[[1,2]]}"#),
-            Prompt::TokenLists(vec![vec![1, 2]])
-        );
+        assert_eq!(p(r#"{"prompt":[[1,2]]}"#), Prompt::TokenLists(vec![vec![1, 2]]));
     }
 }

@@ -13,18 +13,13 @@ pub const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("CORRAL_MODELS_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-            .join(".cache/corral/models"),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/corral/models"),
     }
 }
 
 pub fn model_path(file: &str) -> PathBuf {
     let p = models_dir().join(file);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-models first",
-        p.display()
-    );
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models first", p.display());
     p
 }
 

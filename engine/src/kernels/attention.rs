@@ -46,21 +46,11 @@ const LANES: usize = 16;
 /// Attention for queries at positions `pos0..pos0+T` (`q` is `[T][n_heads][head_dim]`),
 /// whose keys/values for those positions are already written to `cache` for `layer`.
 /// Returns `[T][n_heads][head_dim]`.
-pub fn attention(
-    cache: &SeqCache,
-    layer: usize,
-    pos0: usize,
-    q: &[f32],
-    spec: &AttnSpec,
-) -> Vec<f32> {
+pub fn attention(cache: &SeqCache, layer: usize, pos0: usize, q: &[f32], spec: &AttnSpec) -> Vec<f32> {
     let hd = spec.head_dim;
     let n_items = q.len() / hd;
     let t_len = n_items / spec.n_heads;
-    let order = if t_len > 1 {
-        Order::Batched
-    } else {
-        Order::Single
-    };
+    let order = if t_len > 1 { Order::Batched } else { Order::Single };
     let mut out = vec![0.0f32; q.len()];
     let work = n_items * (pos0 + t_len) * hd;
     parallel_chunks(&mut out, hd, work, |item, o| {
@@ -211,14 +201,7 @@ mod tests {
     use crate::kv::KvShape;
 
     /// Reference: plain softmax(q.K^T * scale) V over the visible positions.
-    fn naive(
-        keys: &[Vec<f32>],
-        vals: &[Vec<f32>],
-        q: &[f32],
-        pos: usize,
-        lo: usize,
-        scale: f32,
-    ) -> Vec<f32> {
+    fn naive(keys: &[Vec<f32>], vals: &[Vec<f32>], q: &[f32], pos: usize, lo: usize, scale: f32) -> Vec<f32> {
         let s: Vec<f32> = (lo..=pos).map(|j| dot_lanes(q, &keys[j]) * scale).collect();
         let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
@@ -235,10 +218,7 @@ mod tests {
     #[test]
     fn matches_naive_softmax_with_gqa_and_window() {
         let (hd, n_kv, n_heads, n) = (64, 2, 4, 75);
-        let shape = KvShape {
-            n_layers: 1,
-            kv_dim: n_kv * hd,
-        };
+        let shape = KvShape { n_layers: 1, kv_dim: n_kv * hd };
         let mut cache = SeqCache::new(shape);
         cache.reserve(n);
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
@@ -248,35 +228,23 @@ mod tests {
         let r16 = |x: &f32| f16::from_f32(*x).to_f32();
         for window in [None, Some(20usize)] {
             for t_len in [1, 3] {
-                let spec = AttnSpec {
-                    n_heads,
-                    n_kv_heads: n_kv,
-                    head_dim: hd,
-                    scale: 0.1,
-                    window,
-                };
+                let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.1, window };
                 let pos0 = n - t_len;
                 let q: Vec<f32> = (0..t_len * n_heads * hd).map(|i| f(i + 101)).collect();
                 let out = attention(&cache, 0, pos0, &q, &spec);
                 for t in 0..t_len {
                     for h in 0..n_heads {
                         let g = h / 2;
-                        let row = |src: &[f32], j: usize| {
-                            src[(j * n_kv + g) * hd..][..hd].iter().map(r16).collect()
-                        };
+                        let row = |src: &[f32], j: usize| src[(j * n_kv + g) * hd..][..hd].iter().map(r16).collect();
                         let keys: Vec<Vec<f32>> = (0..n).map(|j| row(&k, j)).collect();
                         let vals: Vec<Vec<f32>> = (0..n).map(|j| row(&v, j)).collect();
                         let pos = pos0 + t;
                         let lo = window.map_or(0, |w| (pos + 1usize).saturating_sub(w));
-                        let qi: Vec<f32> =
-                            q[(t * n_heads + h) * hd..][..hd].iter().map(r16).collect();
+                        let qi: Vec<f32> = q[(t * n_heads + h) * hd..][..hd].iter().map(r16).collect();
                         let want = naive(&keys, &vals, &qi, pos, lo, 0.1);
                         let got = &out[(t * n_heads + h) * hd..][..hd];
                         for (a, b) in want.iter().zip(got) {
-                            assert!(
-                                (a - b).abs() < 2e-3,
-                                "t={t} h={h} window={window:?}: {a} vs {b}"
-                            );
+                            assert!((a - b).abs() < 2e-3, "t={t} h={h} window={window:?}: {a} vs {b}");
                         }
                     }
                 }
@@ -291,9 +259,6 @@ mod tests {
         let want: f32 = a.iter().sum::<f32>() * 2.0;
         assert_eq!(dot_lanes(&a, &b), want);
         assert_eq!(dot_vec_f16(&a, &b), want);
-        assert_eq!(
-            dot_vec_f16(&a[..100], &b[..100]),
-            a[..100].iter().sum::<f32>() * 2.0
-        );
+        assert_eq!(dot_vec_f16(&a[..100], &b[..100]), a[..100].iter().sum::<f32>() * 2.0);
     }
 }

@@ -36,18 +36,11 @@ impl Linear {
         }
         let (bytes, dtype) = g.raw(name)?;
         let kernel = if QuantMatMul::supports(dtype) {
-            Kernel::Own(QuantMatMul::from_bytes(
-                name, dtype, bytes, in_dim, out_dim,
-            )?)
+            Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?)
         } else {
             Kernel::Candle(QMatMul::from_qtensor(g.qtensor(name)?)?)
         };
-        Ok(Self {
-            kernel,
-            in_dim,
-            out_dim,
-            dtype,
-        })
+        Ok(Self { kernel, in_dim, out_dim, dtype })
     }
 
     pub fn in_dim(&self) -> usize {
@@ -93,22 +86,14 @@ impl Embedding {
                 reason: format!("shape {dims:?}, expected [{vocab}, {hidden}]"),
             });
         }
-        Ok(Self {
-            table,
-            vocab,
-            hidden,
-        })
+        Ok(Self { table, vocab, hidden })
     }
 
     /// `[tokens.len(), hidden]`. Ids were validated against the vocabulary by the caller.
     pub fn lookup(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         debug_assert!(tokens.iter().all(|&t| (t as usize) < self.vocab));
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        Ok(self
-            .table
-            .embedding(&ids)?
-            .flatten_all()?
-            .to_vec1::<f32>()?)
+        Ok(self.table.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
     pub fn hidden(&self) -> usize {

@@ -20,14 +20,8 @@ pub use linear::{Embedding, Linear};
 /// Split `out` into chunks of `chunk` elements and run `f(chunk_index, chunk)` for each
 /// on the worker pool (inline when `work` is small). Each chunk is handed to exactly one
 /// call; the per-chunk mutex is uncontended and only proves that to the compiler.
-pub(crate) fn parallel_chunks(
-    out: &mut [f32],
-    chunk: usize,
-    work: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync,
-) {
-    let slots: Vec<std::sync::Mutex<&mut [f32]>> =
-        out.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
+pub(crate) fn parallel_chunks(out: &mut [f32], chunk: usize, work: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let slots: Vec<std::sync::Mutex<&mut [f32]>> = out.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
     parallel_for(slots.len(), work, |range| {
         for i in range {
             let mut c = slots[i].lock().unwrap_or_else(|e| e.into_inner());

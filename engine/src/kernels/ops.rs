@@ -48,11 +48,7 @@ pub fn scale_inplace(x: &mut [f32], s: f32) {
 pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     let simd = g.len() & !15;
     for (i, (a, b)) in g.iter_mut().zip(u).enumerate() {
-        let e = if i < simd {
-            expf(0.0 - *a)
-        } else {
-            (-*a).exp()
-        };
+        let e = if i < simd { expf(0.0 - *a) } else { (-*a).exp() };
         *a = (*a / (1.0 + e)) * b;
     }
 }
@@ -203,10 +199,7 @@ mod tests {
         for i in -2000..=0 {
             let x = i as f32 / 20.0;
             let (a, b) = (expf(x), x.exp());
-            assert!(
-                (a - b).abs() <= 4.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE),
-                "{x}: {a} vs {b}"
-            );
+            assert!((a - b).abs() <= 4.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE), "{x}: {a} vs {b}");
         }
         assert_eq!(expf(f32::NEG_INFINITY), 0.0);
         assert_eq!(expf(0.0), 1.0);

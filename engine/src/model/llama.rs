@@ -54,13 +54,7 @@ impl Llama {
         } else {
             embed.to_linear(g, "token_embd.weight")?
         };
-        Ok(Self {
-            cfg: cfg.clone(),
-            embed,
-            layers,
-            norm: g.f32_tensor("output_norm.weight", h)?,
-            lm_head,
-        })
+        Ok(Self { cfg: cfg.clone(), embed, layers, norm: g.f32_tensor("output_norm.weight", h)?, lm_head })
     }
 }
 

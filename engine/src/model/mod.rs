@@ -42,10 +42,7 @@ impl Model {
             Arch::Llama => Arc::new(llama::Llama::load(g, &config)?),
             Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(g, &config)?),
         };
-        Ok(Self {
-            config: Arc::new(config),
-            arch,
-        })
+        Ok(Self { config: Arc::new(config), arch })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -53,30 +50,19 @@ impl Model {
     }
 
     pub fn kv_shape(&self) -> KvShape {
-        KvShape {
-            n_layers: self.config.n_layers,
-            kv_dim: self.config.kv_dim(),
-        }
+        KvShape { n_layers: self.config.n_layers, kv_dim: self.config.kv_dim() }
     }
 
     pub fn new_cache(&self) -> SeqCache {
         SeqCache::new(self.kv_shape())
     }
 
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut SeqCache,
-        logits: Logits,
-    ) -> Result<Vec<f32>> {
+    pub fn forward(&self, tokens: &[u32], cache: &mut SeqCache, logits: Logits) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
         if cache.shape() != self.kv_shape() {
-            return Err(Error::Tensor {
-                name: "kv cache".into(),
-                reason: "belongs to another model".into(),
-            });
+            return Err(Error::Tensor { name: "kv cache".into(), reason: "belongs to another model".into() });
         }
         let vocab = self.config.vocab;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {

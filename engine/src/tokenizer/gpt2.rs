@@ -14,11 +14,7 @@ use super::TokenKind;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
-pub(super) fn build(
-    g: &Gguf,
-    texts: &[String],
-    kinds: &[TokenKind],
-) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
+pub(super) fn build(g: &Gguf, texts: &[String], kinds: &[TokenKind]) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
     let merges: Vec<(String, String)> = g
         .str_array("tokenizer.ggml.merges")?
         .into_iter()
@@ -28,15 +24,8 @@ pub(super) fn build(
                 .ok_or_else(|| Error::Tokenizer(format!("bad merge {m:?}")))
         })
         .collect::<Result<_>>()?;
-    let vocab: Vocab = texts
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let vocab: Vocab = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| Error::Tokenizer(e.to_string()))?;
 
     // llama.cpp's pre-tokenizer regexes per `tokenizer.ggml.pre`.
     let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, true));
@@ -50,9 +39,7 @@ pub(super) fn build(
         }
         "gpt2" | "default" | "gpt-2" | "mpt" | "olmo" => byte_level,
         other => {
-            return Err(Error::Tokenizer(format!(
-                "unsupported gpt2 pre-tokenizer {other:?}"
-            )));
+            return Err(Error::Tokenizer(format!("unsupported gpt2 pre-tokenizer {other:?}")));
         }
     };
     let mut tok = tokenizers::Tokenizer::new(bpe);
@@ -89,18 +76,14 @@ fn unicode_to_byte() -> HashMap<char, u8> {
     let mut map = HashMap::with_capacity(256);
     let mut next = 256u32;
     for b in 0u32..=255 {
-        let printable =
-            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let c = if printable {
             b
         } else {
             next += 1;
             next - 1
         };
-        map.insert(
-            char::from_u32(c).expect("byte-level chars are valid scalars"),
-            b as u8,
-        );
+        map.insert(char::from_u32(c).expect("byte-level chars are valid scalars"), b as u8);
     }
     map
 }

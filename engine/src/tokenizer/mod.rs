@@ -73,11 +73,7 @@ pub struct Tokenizer {
 impl Tokenizer {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let model = g.str("tokenizer.ggml.model")?;
-        let texts: Vec<String> = g
-            .str_array("tokenizer.ggml.tokens")?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let texts: Vec<String> = g.str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
         let kinds: Vec<TokenKind> = match g.i32_array("tokenizer.ggml.token_type") {
             Ok(v) if v.len() == texts.len() => v.into_iter().map(TokenKind::from_gguf).collect(),
             _ => vec![TokenKind::Normal; texts.len()],
@@ -98,35 +94,16 @@ impl Tokenizer {
         let id = |key: &str| g.opt_u32(key).filter(|&i| i < n);
         let bos = id("tokenizer.ggml.bos_token_id");
         let eos = id("tokenizer.ggml.eos_token_id");
-        let add_bos = g
-            .opt_bool("tokenizer.ggml.add_bos_token")
-            .unwrap_or(model == "llama")
-            && bos.is_some();
-        let mut eog: HashSet<u32> = [
-            eos,
-            id("tokenizer.ggml.eot_token_id"),
-            id("tokenizer.ggml.eom_token_id"),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
+        let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token").unwrap_or(model == "llama") && bos.is_some();
+        let mut eog: HashSet<u32> =
+            [eos, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")].into_iter().flatten().collect();
         for (i, t) in texts.iter().enumerate() {
             if kinds[i] == TokenKind::Control && EOG_TEXTS.contains(&t.as_str()) {
                 eog.insert(i as u32);
             }
         }
         let fingerprint = fingerprint(model, &texts, &kinds, g);
-        Ok(Self {
-            inner,
-            pieces,
-            texts,
-            kinds,
-            bos,
-            eos,
-            add_bos,
-            eog,
-            fingerprint,
-        })
+        Ok(Self { inner, pieces, texts, kinds, bos, eos, add_bos, eog, fingerprint })
     }
 
     /// Token ids for `text`, exactly as llama.cpp's `llama_tokenize(add_special,
@@ -134,10 +111,7 @@ impl Tokenizer {
     /// `add_special` the BOS token is prepended when the model asks for it (even if the
     /// text already spells one: chat rendering strips a template's own BOS instead).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let enc = self.inner.encode_fast(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         let ids = enc.get_ids();
         let mut out = Vec::with_capacity(ids.len() + 1);
         if add_special && self.add_bos {
@@ -167,10 +141,7 @@ impl Tokenizer {
 
     /// Decoded text of `ids`, invalid UTF-8 replaced.
     pub fn decode(&self, ids: &[u32]) -> String {
-        let bytes: Vec<u8> = ids
-            .iter()
-            .flat_map(|&i| self.piece(i).iter().copied())
-            .collect();
+        let bytes: Vec<u8> = ids.iter().flat_map(|&i| self.piece(i).iter().copied()).collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
@@ -203,28 +174,18 @@ impl Tokenizer {
 
 /// Control and user-defined tokens are matched in the raw text before the model's own
 /// segmentation, longest first, like llama.cpp's special-token partition.
-fn add_special_tokens(
-    tok: &mut tokenizers::Tokenizer,
-    texts: &[String],
-    kinds: &[TokenKind],
-) -> Result<()> {
+fn add_special_tokens(tok: &mut tokenizers::Tokenizer, texts: &[String], kinds: &[TokenKind]) -> Result<()> {
     let mut special = Vec::new();
     let mut user = Vec::new();
     for (t, k) in texts.iter().zip(kinds) {
         match k {
-            TokenKind::Control if !t.is_empty() => {
-                special.push(AddedToken::from(t.clone(), true).normalized(false))
-            }
-            TokenKind::UserDefined if !t.is_empty() => {
-                user.push(AddedToken::from(t.clone(), false).normalized(false))
-            }
+            TokenKind::Control if !t.is_empty() => special.push(AddedToken::from(t.clone(), true).normalized(false)),
+            TokenKind::UserDefined if !t.is_empty() => user.push(AddedToken::from(t.clone(), false).normalized(false)),
             _ => {}
         }
     }
-    tok.add_special_tokens(special)
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
-    tok.add_tokens(user)
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    tok.add_special_tokens(special).map_err(|e| Error::Tokenizer(e.to_string()))?;
+    tok.add_tokens(user).map_err(|e| Error::Tokenizer(e.to_string()))?;
     Ok(())
 }
 

@@ -15,22 +15,12 @@ use crate::gguf::Gguf;
 
 const SPACE: char = '\u{2581}'; // ▁
 
-pub(super) fn build(
-    g: &Gguf,
-    texts: &[String],
-    kinds: &[TokenKind],
-) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
+pub(super) fn build(g: &Gguf, texts: &[String], kinds: &[TokenKind]) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
     let scores = g.f32_array("tokenizer.ggml.scores")?;
     if scores.len() != texts.len() {
-        return Err(Error::Tokenizer(
-            "scores and tokens differ in length".into(),
-        ));
+        return Err(Error::Tokenizer("scores and tokens differ in length".into()));
     }
-    let vocab: Vocab = texts
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
+    let vocab: Vocab = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges = merges_by_score(texts, &scores, &vocab);
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
@@ -38,18 +28,13 @@ pub(super) fn build(
         .build()
         .map_err(|e| Error::Tokenizer(e.to_string()))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    let replace =
-        Replace::new(" ", SPACE.to_string()).map_err(|e| Error::Tokenizer(e.to_string()))?;
-    let normalizer: NormalizerWrapper = if g
-        .opt_bool("tokenizer.ggml.add_space_prefix")
-        .unwrap_or(true)
-    {
+    let replace = Replace::new(" ", SPACE.to_string()).map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let normalizer: NormalizerWrapper = if g.opt_bool("tokenizer.ggml.add_space_prefix").unwrap_or(true) {
         Sequence::new(vec![Prepend::new(SPACE.to_string()).into(), replace.into()]).into()
     } else {
         replace.into()
     };
-    tok.with_normalizer(Some(normalizer))
-        .map_err(|e| Error::Tokenizer(e.to_string()))?;
+    tok.with_normalizer(Some(normalizer)).map_err(|e| Error::Tokenizer(e.to_string()))?;
 
     let pieces = texts
         .iter()
@@ -108,16 +93,9 @@ mod tests {
 
     #[test]
     fn merges_follow_scores() {
-        let texts: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let texts: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -0.5];
-        let vocab = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.clone(), i as u32))
-            .collect();
+        let vocab = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         let m = merges_by_score(&texts, &scores, &vocab);
         let m: Vec<(&str, &str)> = m.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         assert_eq!(m, vec![("a", "bc"), ("ab", "c"), ("b", "c"), ("a", "b")]);

@@ -11,33 +11,22 @@ pub const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("CORRAL_MODELS_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-            .join(".cache/corral/models"),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/corral/models"),
     }
 }
 
 pub fn model_path(file: &str) -> PathBuf {
     let p = models_dir().join(file);
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-models first",
-        p.display()
-    );
+    assert!(p.is_file(), "{} is missing: run scripts/fetch-models first", p.display());
     p
 }
 
 pub fn fixture(name: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).expect("fixture is JSON")
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }

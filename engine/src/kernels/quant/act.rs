@@ -31,17 +31,11 @@ pub(crate) enum Q8KSign {
 }
 
 pub(crate) fn quantize_q8_k(xs: &[f32], sign: Q8KSign) -> Vec<ActQ8K> {
-    xs.chunks_exact(QK_K)
-        .map(|b| quantize_block_k(b, sign))
-        .collect()
+    xs.chunks_exact(QK_K).map(|b| quantize_block_k(b, sign)).collect()
 }
 
 fn quantize_block_k(xs: &[f32], sign: Q8KSign) -> ActQ8K {
-    let mut out = ActQ8K {
-        d: 0.0,
-        qs: [0; QK_K],
-        bsums: [0; QK_K / 16],
-    };
+    let mut out = ActQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
     let (mut amax, mut max) = (0.0f32, 0.0f32);
     for &x in xs {
         if x.abs() > amax {
@@ -94,28 +88,16 @@ fn quantize_block(xs: &[f32], with_sum: bool) -> ActQ8 {
         *q = v.clamp(-128, 127) as i8;
         sum += *q as i32;
     }
-    let s = if with_sum {
-        f16::from_f32(d * sum as f32).to_f32()
-    } else {
-        0.0
-    };
-    ActQ8 {
-        d: f16::from_f32(d).to_f32(),
-        s,
-        qs,
-    }
+    let s = if with_sum { f16::from_f32(d * sum as f32).to_f32() } else { 0.0 };
+    ActQ8 { d: f16::from_f32(d).to_f32(), s, qs }
 }
 
 pub(crate) fn quantize_q8_0(x: &[f32]) -> Vec<ActQ8> {
-    x.chunks_exact(QK)
-        .map(|b| quantize_block(b, false))
-        .collect()
+    x.chunks_exact(QK).map(|b| quantize_block(b, false)).collect()
 }
 
 pub(crate) fn quantize_q8_1(x: &[f32]) -> Vec<ActQ8> {
-    x.chunks_exact(QK)
-        .map(|b| quantize_block(b, true))
-        .collect()
+    x.chunks_exact(QK).map(|b| quantize_block(b, true)).collect()
 }
 
 #[cfg(test)]

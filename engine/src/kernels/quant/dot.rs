@@ -32,18 +32,11 @@ pub(crate) fn parse_q5_0(bytes: &[u8]) -> Vec<BlockQ5_0> {
             let nib = &b[6..];
             let mut qs = [0i8; QK];
             for (j, q) in qs.iter_mut().enumerate() {
-                let lo = if j < QK / 2 {
-                    nib[j] & 0xf
-                } else {
-                    nib[j - QK / 2] >> 4
-                };
+                let lo = if j < QK / 2 { nib[j] & 0xf } else { nib[j - QK / 2] >> 4 };
                 let hi = ((qh >> j) & 1) as u8;
                 *q = (lo | (hi << 4)) as i8 - 16;
             }
-            BlockQ5_0 {
-                d: f16_at(b, 0),
-                qs,
-            }
+            BlockQ5_0 { d: f16_at(b, 0), qs }
         })
         .collect()
 }
@@ -77,11 +70,7 @@ pub(crate) fn parse_q4_1(bytes: &[u8]) -> Vec<BlockQ4_1> {
         .map(|b| {
             let mut qs = [0u8; QK / 2];
             qs.copy_from_slice(&b[4..]);
-            BlockQ4_1 {
-                d: half_at(b, 0),
-                m: half_at(b, 2),
-                qs,
-            }
+            BlockQ4_1 { d: half_at(b, 0), m: half_at(b, 2), qs }
         })
         .collect()
 }
@@ -94,10 +83,7 @@ pub(crate) fn parse_q8_0(bytes: &[u8]) -> Vec<BlockQ8_0> {
             for (q, &v) in qs.iter_mut().zip(&b[2..]) {
                 *q = v as i8;
             }
-            BlockQ8_0 {
-                d: half_at(b, 0),
-                qs,
-            }
+            BlockQ8_0 { d: half_at(b, 0), qs }
         })
         .collect()
 }
@@ -120,11 +106,7 @@ pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: &[ActQ8]) -> f32 {
     let mut summs = 0.0f32;
     for (wb, ab) in w.iter().zip(a) {
         summs = wb.m.to_f32().mul_add(ab.s, summs);
-        fma_lanes(
-            &mut acc,
-            wb.d.to_f32() * ab.d,
-            simd::nib4_i8(&wb.qs, &ab.qs),
-        );
+        fma_lanes(&mut acc, wb.d.to_f32() * ab.d, simd::nib4_i8(&wb.qs, &ab.qs));
     }
     hsum8(&acc) + summs
 }
@@ -146,9 +128,7 @@ mod tests {
         let k = 576;
         let n = 1536;
         let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 19) as f32 - 9.0) / 7.0).collect();
-        let bytes: Vec<u8> = (0..n * k / QK * 20)
-            .map(|i| (i * 31 % 251) as u8 & 0x3f)
-            .collect();
+        let bytes: Vec<u8> = (0..n * k / QK * 20).map(|i| (i * 31 % 251) as u8 & 0x3f).collect();
         let w = parse_q4_1(&bytes);
         let a = quantize_q8_1(&x);
         let kb = k / QK;
@@ -191,16 +171,9 @@ mod tests {
             })
             .collect();
         let a = quantize_q8_1(&x);
-        let deq: Vec<f32> = a
-            .iter()
-            .flat_map(|b| b.qs.map(|q| q as f32 * b.d))
-            .collect();
+        let deq: Vec<f32> = a.iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect();
         let want: f32 = wf.iter().zip(&deq).map(|(a, b)| a * b).sum();
-        assert!(
-            (q4_1_q8_1(&w, &a) - want).abs() < 0.05,
-            "{} vs {want}",
-            q4_1_q8_1(&w, &a)
-        );
+        assert!((q4_1_q8_1(&w, &a) - want).abs() < 0.05, "{} vs {want}", q4_1_q8_1(&w, &a));
 
         let mut bytes = Vec::new();
         for _ in 0..k / QK {
@@ -209,13 +182,8 @@ mod tests {
         }
         let w = parse_q8_0(&bytes);
         let a = quantize_q8_0(&x);
-        let deq: Vec<f32> = a
-            .iter()
-            .flat_map(|b| b.qs.map(|q| q as f32 * b.d))
-            .collect();
-        let want: f32 = (0..k)
-            .map(|i| 0.25 * ((i % QK) as f32 - 16.0) * deq[i])
-            .sum();
+        let deq: Vec<f32> = a.iter().flat_map(|b| b.qs.map(|q| q as f32 * b.d)).collect();
+        let want: f32 = (0..k).map(|i| 0.25 * ((i % QK) as f32 - 16.0) * deq[i]).sum();
         assert!((q8_0_q8_0(&w, &a) - want).abs() < 1e-3);
     }
 }

@@ -47,10 +47,7 @@ pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
                 (scales[j], mins[j]) = if j < 4 {
                     (s[j] & 63, s[j + 4] & 63)
                 } else {
-                    (
-                        (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
-                        (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-                    )
+                    ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
                 };
             }
             let qs = &b[16..];
@@ -61,13 +58,7 @@ pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
                     q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
                 }
             }
-            BlockQ4K {
-                d: f16_at(b, 0),
-                dmin: f16_at(b, 2),
-                scales,
-                mins,
-                q,
-            }
+            BlockQ4K { d: f16_at(b, 0), dmin: f16_at(b, 2), scales, mins, q }
         })
         .collect()
 }
@@ -86,9 +77,7 @@ pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
         let (mut isum, mut imin) = (0i32, 0i32);
         for pair in 0..4 {
             for sb in [2 * pair, 2 * pair + 1] {
-                let dot: i32 = simd::u8_i8(at(&wb.q, sb * 32), at(&ab.qs, sb * 32))
-                    .iter()
-                    .sum();
+                let dot: i32 = simd::u8_i8(at(&wb.q, sb * 32), at(&ab.qs, sb * 32)).iter().sum();
                 isum += wb.scales[sb] as i32 * dot;
                 imin += wb.mins[sb] as i32 * (ab.bsums[2 * sb] + ab.bsums[2 * sb + 1]);
             }
@@ -134,11 +123,7 @@ pub(crate) fn parse_q6_k(bytes: &[u8]) -> Vec<BlockQ6K> {
             for (d, &s) in scales.iter_mut().zip(sc) {
                 *d = s as i8;
             }
-            BlockQ6K {
-                d: f16_at(b, 208),
-                scales,
-                q,
-            }
+            BlockQ6K { d: f16_at(b, 208), scales, q }
         })
         .collect()
 }
@@ -177,8 +162,7 @@ pub(crate) fn q6_k_q8_k(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
             }
         }
         for (l, lane) in lanes.iter_mut().enumerate() {
-            let offset = ab.bsums[2 * l] * wb.scales[2 * l] as i32
-                + ab.bsums[2 * l + 1] * wb.scales[2 * l + 1] as i32;
+            let offset = ab.bsums[2 * l] * wb.scales[2 * l] as i32 + ab.bsums[2 * l + 1] * wb.scales[2 * l + 1] as i32;
             *lane -= 32 * offset;
         }
         fma_lanes(&mut acc, d, lanes);
@@ -192,9 +176,7 @@ mod tests {
     use super::*;
 
     fn act() -> (Vec<f32>, Vec<ActQ8K>) {
-        let x: Vec<f32> = (0..QK_K)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0)
-            .collect();
+        let x: Vec<f32> = (0..QK_K).map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0).collect();
         let a = quantize_q8_k(&x, Q8KSign::FirstMax);
         (x, a)
     }
@@ -218,18 +200,14 @@ mod tests {
         let want: f32 = (0..QK_K)
             .map(|i| {
                 let sb = i / 32;
-                let wv =
-                    0.25 * w[0].scales[sb] as f32 * w[0].q[i] as f32 - 0.5 * w[0].mins[sb] as f32;
+                let wv = 0.25 * w[0].scales[sb] as f32 * w[0].q[i] as f32 - 0.5 * w[0].mins[sb] as f32;
                 wv * ax[i]
             })
             .sum();
         let got = q4_k_q8_k(&w, &a, Q4KPath::Gemv);
         let got4 = q4_k_q8_k(&w, &a, Q4KPath::Gemm);
         assert!((got - got4).abs() < 1e-3 * want.abs().max(1.0));
-        assert!(
-            (got - want).abs() < 1e-2 * want.abs().max(1.0),
-            "{got} vs {want}"
-        );
+        assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "{got} vs {want}");
     }
 
     #[test]
@@ -242,18 +220,10 @@ mod tests {
         let w = parse_q6_k(&b);
         let (_, a) = act();
         let ax = deq_act(&a[0]);
-        let want: f32 = (0..QK_K)
-            .map(|i| 0.125 * w[0].scales[i / 16] as f32 * (w[0].q[i] as f32 - 32.0) * ax[i])
-            .sum();
+        let want: f32 = (0..QK_K).map(|i| 0.125 * w[0].scales[i / 16] as f32 * (w[0].q[i] as f32 - 32.0) * ax[i]).sum();
         let got = q6_k_q8_k(&w, &a);
-        assert!(
-            (got - want).abs() < 1e-2 * want.abs().max(1.0),
-            "{got} vs {want}"
-        );
+        assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "{got} vs {want}");
         let tiled = q6_k_q8_k_tiled(&w, &a);
-        assert!(
-            (tiled - want).abs() < 1e-2 * want.abs().max(1.0),
-            "{tiled} vs {want}"
-        );
+        assert!((tiled - want).abs() < 1e-2 * want.abs().max(1.0), "{tiled} vs {want}");
     }
 }

@@ -44,29 +44,13 @@ pub(crate) struct QuantMatMul {
 impl QuantMatMul {
     /// Formats with a faithful kernel here.
     pub(crate) fn supports(dtype: GgmlDType) -> bool {
-        matches!(
-            dtype,
-            GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q6K
-        )
+        matches!(dtype, GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q6K)
     }
 
     /// From the raw GGUF bytes of an `[n, k]` matrix.
-    pub(crate) fn from_bytes(
-        name: &str,
-        dtype: GgmlDType,
-        bytes: &[u8],
-        k: usize,
-        n: usize,
-    ) -> Result<Self> {
-        let bad = |reason: String| Error::Tensor {
-            name: name.to_owned(),
-            reason,
-        };
-        let block = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) {
-            QK_K
-        } else {
-            QK
-        };
+    pub(crate) fn from_bytes(name: &str, dtype: GgmlDType, bytes: &[u8], k: usize, n: usize) -> Result<Self> {
+        let bad = |reason: String| Error::Tensor { name: name.to_owned(), reason };
+        let block = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) { QK_K } else { QK };
         if !k.is_multiple_of(block) {
             return Err(bad(format!("row length {k} is not a multiple of {block}")));
         }
@@ -97,43 +81,21 @@ impl QuantMatMul {
         let n = self.n;
         let mut out_t = vec![0.0f32; n * m]; // [col][row], transposed below
         match &self.w {
-            Weights::Q4_1(w) => self.run(w, &quantize_q8_1(x), m, &mut out_t, |w, a, _| {
-                dot::q4_1_q8_1(w, a)
-            }),
-            Weights::Q5_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| {
-                dot::q5_0_q8_0(w, a)
-            }),
-            Weights::Q8_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| {
-                dot::q8_0_q8_0(w, a)
-            }),
+            Weights::Q4_1(w) => self.run(w, &quantize_q8_1(x), m, &mut out_t, |w, a, _| dot::q4_1_q8_1(w, a)),
+            Weights::Q5_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| dot::q5_0_q8_0(w, a)),
+            Weights::Q8_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| dot::q8_0_q8_0(w, a)),
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
                 let grouped = m - m % 4;
                 let path = |r: usize| {
-                    if r < grouped {
-                        Q4KPath::Gemm
-                    } else {
-                        Q4KPath::Gemv
-                    }
+                    if r < grouped { Q4KPath::Gemm } else { Q4KPath::Gemv }
                 };
-                self.run(w, &q8k_rows_for_q4k(x, m), m, &mut out_t, |w, a, r| {
-                    kquants::q4_k_q8_k(w, a, path(r))
-                })
+                self.run(w, &q8k_rows_for_q4k(x, m), m, &mut out_t, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
             }
             Weights::Q6K(w) => {
                 // ggml takes its tiled K-quant path from 8 rows up.
-                let dot = if m >= 8 {
-                    kquants::q6_k_q8_k_tiled
-                } else {
-                    kquants::q6_k_q8_k
-                };
-                self.run(
-                    w,
-                    &quantize_q8_k(x, Q8KSign::FirstMax),
-                    m,
-                    &mut out_t,
-                    |w, a, _| dot(w, a),
-                )
+                let dot = if m >= 8 { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
+                self.run(w, &quantize_q8_k(x, Q8KSign::FirstMax), m, &mut out_t, |w, a, _| dot(w, a))
             }
         }
         if m == 1 {

@@ -14,12 +14,7 @@ mod imp {
     #[inline]
     unsafe fn lanes(p16: __m256i) -> [i32; 8] {
         let mut out = [0i32; 8];
-        unsafe {
-            _mm256_storeu_si256(
-                out.as_mut_ptr().cast(),
-                _mm256_madd_epi16(p16, _mm256_set1_epi16(1)),
-            )
-        };
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_madd_epi16(p16, _mm256_set1_epi16(1))) };
         out
     }
 
@@ -27,10 +22,7 @@ mod imp {
     #[inline]
     pub fn u8_i8(x: &[u8; 32], y: &[i8; 32]) -> [i32; 8] {
         unsafe {
-            let (xv, yv) = (
-                _mm256_loadu_si256(x.as_ptr().cast()),
-                _mm256_loadu_si256(y.as_ptr().cast()),
-            );
+            let (xv, yv) = (_mm256_loadu_si256(x.as_ptr().cast()), _mm256_loadu_si256(y.as_ptr().cast()));
             lanes(_mm256_maddubs_epi16(xv, yv))
         }
     }
@@ -39,14 +31,8 @@ mod imp {
     #[inline]
     pub fn i8_i8(x: &[i8; 32], y: &[i8; 32]) -> [i32; 8] {
         unsafe {
-            let (xv, yv) = (
-                _mm256_loadu_si256(x.as_ptr().cast()),
-                _mm256_loadu_si256(y.as_ptr().cast()),
-            );
-            lanes(_mm256_maddubs_epi16(
-                _mm256_sign_epi8(xv, xv),
-                _mm256_sign_epi8(yv, xv),
-            ))
+            let (xv, yv) = (_mm256_loadu_si256(x.as_ptr().cast()), _mm256_loadu_si256(y.as_ptr().cast()));
+            lanes(_mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(yv, xv)))
         }
     }
 
@@ -54,14 +40,8 @@ mod imp {
     #[inline]
     pub fn nib4_i8(qs: &[u8; 16], y: &[i8; 32]) -> [i32; 8] {
         unsafe {
-            let (lo, yv) = (
-                _mm_loadu_si128(qs.as_ptr().cast()),
-                _mm256_loadu_si256(y.as_ptr().cast()),
-            );
-            let x = _mm256_and_si256(
-                _mm256_set_m128i(_mm_srli_epi16(lo, 4), lo),
-                _mm256_set1_epi8(0x0f),
-            );
+            let (lo, yv) = (_mm_loadu_si128(qs.as_ptr().cast()), _mm256_loadu_si256(y.as_ptr().cast()));
+            let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
             lanes(_mm256_maddubs_epi16(x, yv))
         }
     }
@@ -97,24 +77,14 @@ mod tests {
     fn lane_layout_is_four_consecutive_bytes() {
         let x: [i8; 32] = std::array::from_fn(|i| i as i8 - 16);
         let y: [i8; 32] = std::array::from_fn(|i| ((i * 7 % 11) as i8) - 5);
-        let want: [i32; 8] = std::array::from_fn(|l| {
-            (0..4)
-                .map(|e| x[4 * l + e] as i32 * y[4 * l + e] as i32)
-                .sum()
-        });
+        let want: [i32; 8] = std::array::from_fn(|l| (0..4).map(|e| x[4 * l + e] as i32 * y[4 * l + e] as i32).sum());
         assert_eq!(i8_i8(&x, &y), want);
         let xu: [u8; 32] = std::array::from_fn(|i| (i * 2) as u8);
-        let want: [i32; 8] = std::array::from_fn(|l| {
-            (0..4)
-                .map(|e| xu[4 * l + e] as i32 * y[4 * l + e] as i32)
-                .sum()
-        });
+        let want: [i32; 8] = std::array::from_fn(|l| (0..4).map(|e| xu[4 * l + e] as i32 * y[4 * l + e] as i32).sum());
         assert_eq!(u8_i8(&xu, &y), want);
         let qs: [u8; 16] = std::array::from_fn(|i| (i as u8) | ((15 - i as u8) << 4));
-        let vals: [i32; 32] =
-            std::array::from_fn(|i| if i < 16 { i as i32 } else { 31 - i as i32 });
-        let want: [i32; 8] =
-            std::array::from_fn(|l| (0..4).map(|e| vals[4 * l + e] * y[4 * l + e] as i32).sum());
+        let vals: [i32; 32] = std::array::from_fn(|i| if i < 16 { i as i32 } else { 31 - i as i32 });
+        let want: [i32; 8] = std::array::from_fn(|l| (0..4).map(|e| vals[4 * l + e] * y[4 * l + e] as i32).sum());
         assert_eq!(nib4_i8(&qs, &y), want);
         let neg = [-128i8; 32];
         assert_eq!(i8_i8(&neg, &[127; 32]), [-128 * 127 * 4; 8]);

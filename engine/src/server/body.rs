@@ -1,0 +1,53 @@
+//! Response bodies: a whole buffer, or a stream of chunks fed by a task. The stream's
+//! sender can wait for the client to go away (`closed()`), which is how a request
+//! notices a disconnect even while nothing is being sent (during prefill).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use tokio::sync::mpsc;
+
+pub enum Body {
+    Full(Option<Bytes>),
+    Stream(mpsc::Receiver<Bytes>),
+}
+
+impl Body {
+    pub fn full(b: impl Into<Bytes>) -> Self {
+        Body::Full(Some(b.into()))
+    }
+
+    /// A streaming body and the sender that feeds it (bounded: a slow client applies
+    /// back-pressure all the way to the generation thread).
+    pub fn channel(cap: usize) -> (mpsc::Sender<Bytes>, Self) {
+        let (tx, rx) = mpsc::channel(cap);
+        (tx, Body::Stream(rx))
+    }
+}
+
+impl HttpBody for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, Body::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Body::Full(None) => SizeHint::with_exact(0),
+            Body::Stream(_) => SizeHint::default(),
+        }
+    }
+}

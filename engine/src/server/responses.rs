@@ -1,0 +1,228 @@
+//! OpenAI response objects built from generation events: the JSON bodies of
+//! non-streaming requests and the SSE chunks of streaming ones.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use corral_protocol::ApiError;
+use corral_protocol::openai::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Completion,
+    CompletionChoice, CompletionLogprobs, Delta, TokenLogprob, TopLogprob, Usage,
+};
+use serde::Serialize;
+
+use crate::generate::{FinishReason, Outcome, TokenOut};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completion,
+}
+
+/// Identity of one response: every chunk of a stream repeats it.
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub route: Route,
+}
+
+impl Meta {
+    pub fn new(route: Route, model: &str) -> Self {
+        let prefix = match route {
+            Route::Chat => "chatcmpl",
+            Route::Completion => "cmpl",
+        };
+        let id = format!("{prefix}-{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>());
+        Self { id, created: unix_now(), model: model.to_owned(), route }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+pub fn usage(o: &Outcome) -> Usage {
+    Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens)
+}
+
+/// `stop` / `length` (a cancelled request has no client to tell).
+pub fn finish_str(o: &Outcome) -> String {
+    match o.finish {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+    .to_owned()
+}
+
+fn piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let b = tok.piece(id).to_vec();
+    (String::from_utf8_lossy(&b).into_owned(), b)
+}
+
+pub fn chat_logprobs(tok: &Tokenizer, toks: &[TokenOut]) -> Option<ChoiceLogprobs> {
+    if toks.first().is_none_or(|t| t.logprob.is_none()) {
+        return None;
+    }
+    let content = toks
+        .iter()
+        .map(|t| {
+            let (token, bytes) = piece(tok, t.id);
+            let top_logprobs = t
+                .top
+                .iter()
+                .map(|&(id, lp)| {
+                    let (token, bytes) = piece(tok, id);
+                    TopLogprob { token, logprob: lp, bytes }
+                })
+                .collect();
+            TokenLogprob { token, logprob: t.logprob.unwrap_or(f32::NEG_INFINITY), bytes, top_logprobs }
+        })
+        .collect();
+    Some(ChoiceLogprobs { content })
+}
+
+pub fn completion_logprobs(tok: &Tokenizer, toks: &[TokenOut], offset0: usize) -> Option<CompletionLogprobs> {
+    if toks.first().is_none_or(|t| t.logprob.is_none()) {
+        return None;
+    }
+    let mut out =
+        CompletionLogprobs { tokens: vec![], token_logprobs: vec![], top_logprobs: vec![], text_offset: vec![] };
+    let mut offset = offset0;
+    for t in toks {
+        let (s, b) = piece(tok, t.id);
+        out.tokens.push(s);
+        out.token_logprobs.push(t.logprob.unwrap_or(f32::NEG_INFINITY));
+        out.top_logprobs.push(t.top.iter().map(|&(id, lp)| (piece(tok, id).0, lp)).collect::<HashMap<_, _>>());
+        out.text_offset.push(offset);
+        offset += b.len();
+    }
+    Some(out)
+}
+
+/// The whole non-streaming response.
+pub fn final_body(meta: &Meta, text: String, o: &Outcome, lp_tokens: &[TokenOut], tok: &Tokenizer) -> String {
+    match meta.route {
+        Route::Chat => json(&ChatCompletion {
+            id: meta.id.clone(),
+            object: "chat.completion".into(),
+            created: meta.created,
+            model: meta.model.clone(),
+            choices: vec![ChatChoice {
+                index: 0,
+                message: AssistantMessage { role: "assistant".into(), content: text },
+                finish_reason: finish_str(o),
+                logprobs: chat_logprobs(tok, lp_tokens),
+            }],
+            usage: usage(o),
+        }),
+        Route::Completion => json(&Completion {
+            id: meta.id.clone(),
+            object: "text_completion".into(),
+            created: meta.created,
+            model: meta.model.clone(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason: Some(finish_str(o)),
+                logprobs: completion_logprobs(tok, lp_tokens, 0),
+            }],
+            usage: Some(usage(o)),
+        }),
+    }
+}
+
+/// One SSE event carrying a content delta (and optionally this token's logprobs), the
+/// final `finish_reason`, or the usage.
+pub enum ChunkKind<'a> {
+    Role,
+    Text { text: &'a str, lp: Option<&'a TokenOut>, offset: usize },
+    Finish(String),
+    Usage(Usage),
+}
+
+pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
+    let body = match meta.route {
+        Route::Chat => {
+            let (choices, usage) = match kind {
+                ChunkKind::Role => (
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta: Delta { role: Some("assistant".into()), content: Some(String::new()) },
+                        finish_reason: None,
+                        logprobs: None,
+                    }],
+                    None,
+                ),
+                ChunkKind::Text { text, lp, .. } => (
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta: Delta { role: None, content: Some(text.to_owned()) },
+                        finish_reason: None,
+                        logprobs: lp.and_then(|t| chat_logprobs(tok, std::slice::from_ref(t))),
+                    }],
+                    None,
+                ),
+                ChunkKind::Finish(f) => (
+                    vec![ChunkChoice { index: 0, delta: Delta::default(), finish_reason: Some(f), logprobs: None }],
+                    None,
+                ),
+                ChunkKind::Usage(u) => (vec![], Some(u)),
+            };
+            json(&ChatCompletionChunk {
+                id: meta.id.clone(),
+                object: "chat.completion.chunk".into(),
+                created: meta.created,
+                model: meta.model.clone(),
+                choices,
+                usage,
+            })
+        }
+        Route::Completion => {
+            let (choices, usage) = match kind {
+                ChunkKind::Role => (vec![], None),
+                ChunkKind::Text { text, lp, offset } => (
+                    vec![CompletionChoice {
+                        index: 0,
+                        text: text.to_owned(),
+                        finish_reason: None,
+                        logprobs: lp.and_then(|t| completion_logprobs(tok, std::slice::from_ref(t), offset)),
+                    }],
+                    None,
+                ),
+                ChunkKind::Finish(f) => (
+                    vec![CompletionChoice { index: 0, text: String::new(), finish_reason: Some(f), logprobs: None }],
+                    None,
+                ),
+                ChunkKind::Usage(u) => (vec![], Some(u)),
+            };
+            json(&Completion {
+                id: meta.id.clone(),
+                object: "text_completion".into(),
+                created: meta.created,
+                model: meta.model.clone(),
+                choices,
+                usage,
+            })
+        }
+    };
+    sse(&body)
+}
+
+pub fn sse(data: &str) -> Bytes {
+    Bytes::from(format!("data: {data}\n\n"))
+}
+
+pub fn sse_done() -> Bytes {
+    Bytes::from_static(b"data: [DONE]\n\n")
+}
+
+/// The terminal event of a stream that failed after it started.
+pub fn sse_error(e: &ApiError) -> Bytes {
+    sse(&e.to_json())
+}
+
+fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|e| format!(r#"{{"error":{{"message":"serialization failed: {e}"}}}}"#))
+}

@@ -1,0 +1,99 @@
+//! Engine counters for `GET /admin/stats`. Hot counters are atomics (the generation
+//! thread bumps them per token, so a client can watch a cancelled request stop); the
+//! per-request timings sit behind a mutex touched once per request.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use corral_protocol::engine_wire::{Averages, EngineStats, Memory, RequestTiming};
+
+use crate::generate::Outcome;
+
+/// Weight of the newest request in the moving averages.
+const EMA: f64 = 0.2;
+
+pub struct Stats {
+    started: Instant,
+    pub requests_total: AtomicU64,
+    pub requests_failed: AtomicU64,
+    pub requests_cancelled: AtomicU64,
+    pub prompt_tokens_total: AtomicU64,
+    pub generated_tokens_total: AtomicU64,
+    pub queue_depth: AtomicUsize,
+    pub in_flight: AtomicUsize,
+    pub draining: AtomicBool,
+    timings: Mutex<(Option<RequestTiming>, Averages)>,
+}
+
+impl Stats {
+    pub fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            requests_total: AtomicU64::new(0),
+            requests_failed: AtomicU64::new(0),
+            requests_cancelled: AtomicU64::new(0),
+            prompt_tokens_total: AtomicU64::new(0),
+            generated_tokens_total: AtomicU64::new(0),
+            queue_depth: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            timings: Mutex::new((None, Averages::default())),
+        }
+    }
+
+    pub fn record(&self, o: &Outcome) {
+        self.prompt_tokens_total.fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
+        let t = RequestTiming {
+            prompt_tokens: o.prompt_tokens,
+            cached_tokens: o.cached_tokens,
+            completion_tokens: o.completion_tokens(),
+            prefill_tok_s: o.prefill_tok_s(),
+            decode_tok_s: o.decode_tok_s(),
+        };
+        let mut g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        let ema = |old: f64, new: f64| if old == 0.0 { new } else { old * (1.0 - EMA) + new * EMA };
+        if t.prefill_tok_s > 0.0 {
+            g.1.prefill_tok_s = ema(g.1.prefill_tok_s, t.prefill_tok_s);
+        }
+        if t.decode_tok_s > 0.0 {
+            g.1.decode_tok_s = ema(g.1.decode_tok_s, t.decode_tok_s);
+        }
+        g.0 = Some(t);
+    }
+
+    pub fn snapshot(&self, model: &str, max_queue: usize, model_file_bytes: u64) -> EngineStats {
+        let g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
+        EngineStats {
+            model: model.to_owned(),
+            pid: std::process::id(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            draining: self.draining.load(Ordering::Relaxed),
+            requests_total: self.requests_total.load(Ordering::Relaxed),
+            requests_failed: self.requests_failed.load(Ordering::Relaxed),
+            requests_cancelled: self.requests_cancelled.load(Ordering::Relaxed),
+            prompt_tokens_total: self.prompt_tokens_total.load(Ordering::Relaxed),
+            generated_tokens_total: self.generated_tokens_total.load(Ordering::Relaxed),
+            queue_depth: self.queue_depth.load(Ordering::Relaxed),
+            max_queue,
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            last: g.0.clone(),
+            avg: g.1.clone(),
+            memory: Memory { rss_bytes: rss_bytes(), model_file_bytes },
+        }
+    }
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Resident set size from /proc (Linux); 0 elsewhere.
+fn rss_bytes() -> u64 {
+    let Ok(statm) = std::fs::read_to_string("/proc/self/statm") else { return 0 };
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as u64;
+    pages * page
+}
