@@ -77,3 +77,6 @@ pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+pub mod engine;
+pub mod http;

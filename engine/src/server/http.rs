@@ -21,7 +21,7 @@ use super::stats::Stats;
 use super::worker::{Event, Job, Worker};
 use crate::Engine;
 use crate::chat::TemplateSource;
-use crate::generate::TokenOut;
+use crate::generate::{FinishReason, TokenOut};
 
 pub struct App {
     pub engine: Arc<Engine>,
@@ -124,10 +124,10 @@ fn models(app: &App) -> ModelList {
 /// Read the body (bounded) and parse it; every failure is a 4xx in our error shape.
 async fn read_json<T: DeserializeOwned>(req: Request<Incoming>, limit: usize) -> Result<T, ApiError> {
     let too_big = || ApiError::new(ErrorKind::PayloadTooLarge, format!("the request body is over {limit} bytes"));
-    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
-        if len > limit as u64 {
-            return Err(too_big());
-        }
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(too_big());
     }
     let bytes = http_body_util::Limited::new(req.into_body(), limit)
         .collect()
@@ -144,7 +144,9 @@ async fn read_json<T: DeserializeOwned>(req: Request<Incoming>, limit: usize) ->
     let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if inner.is_data() {
+        if inner.is_data() && path == "." {
+            ApiError::new(ErrorKind::InvalidRequest, format!("request body: {inner}"))
+        } else if inner.is_data() {
             ApiError::invalid(&path, format!("{path}: {inner}"))
         } else {
             ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {inner}"))
@@ -198,11 +200,17 @@ async fn whole_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>
                 }
             }
             Event::Flush(t) => text.push_str(&t),
+            Event::Done(o) if o.finish == FinishReason::Cancelled => return error_response(&cut()),
             Event::Done(o) => return json_response(responses::final_body(&meta, text, &o, &lp, &app.engine.tokenizer)),
             Event::Failed(e) => return error_response(&e),
         }
     }
     error_response(&ApiError::new(ErrorKind::Internal, "the generation thread went away"))
+}
+
+/// A request cut by a drain deadline or shutdown (a client that left sees nothing).
+fn cut() -> ApiError {
+    ApiError::new(ErrorKind::EngineDraining, "the request was cut short: the engine is stopping")
 }
 
 fn stream_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, include_usage: bool) -> Response<Body> {
@@ -229,6 +237,10 @@ fn stream_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, inc
                     c
                 }
                 Some(Event::Flush(t)) => responses::chunk(&meta, ChunkKind::Text { text: &t, lp: None, offset }, tok),
+                Some(Event::Done(o)) if o.finish == FinishReason::Cancelled => {
+                    let _ = tx.send(responses::sse_error(&cut())).await;
+                    return;
+                }
                 Some(Event::Done(o)) => {
                     let mut frames = vec![responses::chunk(&meta, ChunkKind::Finish(responses::finish_str(&o)), tok)];
                     if include_usage {

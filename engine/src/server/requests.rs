@@ -78,10 +78,10 @@ fn sampling(
     d: &EffectiveDefaults,
     vocab: usize,
 ) -> Result<(SamplingParams, Option<usize>), ApiError> {
-    if let Some(n) = f.n {
-        if n != 1 {
-            return Err(ApiError::invalid("n", format!("only n=1 is supported (got {n})")));
-        }
+    if let Some(n) = f.n
+        && n != 1
+    {
+        return Err(ApiError::invalid("n", format!("only n=1 is supported (got {n})")));
     }
     let mut p = d.sampling.clone();
     if let Some(t) = range_f("temperature", f.temperature, |x| x >= 0.0, ">= 0")? {
@@ -276,7 +276,10 @@ pub fn completion(
         None => None,
         Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => Some(n as usize),
         Some(n) => {
-            return Err(ApiError::invalid("logprobs", format!("logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {n})")));
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {n})"),
+            ));
         }
     };
     finish(prompt, &req.sampling, d, engine, ctx, logprobs)

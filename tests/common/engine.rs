@@ -1,0 +1,139 @@
+//! Spawning the real `corral engine` on a socket in a private temp dir, with a guard
+//! that kills it (and keeps its stdin open until then, as a parent would).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::TempDir;
+
+pub struct EngineProc {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub socket: PathBuf,
+    pub ready: serde_json::Value,
+    pub stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    pub dir: TempDir,
+}
+
+impl EngineProc {
+    /// Start `corral engine --model <model> --socket <tmp>/run/e.sock <extra…>` and wait
+    /// for its ready line.
+    pub fn start(model: &std::path::Path, extra: &[&str]) -> Self {
+        let dir = TempDir::new("engine");
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let socket = run.join("e.sock");
+        Self::start_at(model, &socket, extra, dir)
+            .unwrap_or_else(|(code, err)| panic!("engine failed to start ({code:?}): {err}"))
+    }
+
+    /// Like `start`, with the socket path chosen by the caller. On failure returns the
+    /// exit status and stderr.
+    pub fn start_at(
+        model: &std::path::Path,
+        socket: &std::path::Path,
+        extra: &[&str],
+        dir: TempDir,
+    ) -> Result<Self, (Option<ExitStatus>, String)> {
+        let mut child = Command::new(super::bin())
+            .arg("engine")
+            .arg("--model")
+            .arg(model)
+            .arg("--socket")
+            .arg(socket)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn corral engine");
+        let stdin = child.stdin.take();
+        let stderr_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = stderr_lines.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(out).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+                let ready: serde_json::Value = serde_json::from_str(&line).expect("ready line is JSON");
+                return Ok(Self { child, stdin, socket: socket.to_owned(), ready, stderr: stderr_lines, dir });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                std::thread::sleep(Duration::from_millis(100));
+                let err = stderr_lines.lock().unwrap().join("\n");
+                return Err((Some(status), err));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err((None, "no ready line within 120 s".into()));
+            }
+        }
+    }
+
+    pub fn conn(&self) -> Box<dyn super::http::Stream> {
+        super::http::unix(&self.socket)
+    }
+
+    pub fn get(&self, path: &str) -> super::http::Response {
+        super::http::request(self.conn(), "GET", path, None, &[])
+    }
+
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> super::http::Response {
+        super::http::request(self.conn(), "POST", path, Some(body.to_string().as_bytes()), &[])
+    }
+
+    pub fn post_raw(&self, path: &str, body: &[u8]) -> super::http::Response {
+        super::http::request(self.conn(), "POST", path, Some(body), &[])
+    }
+
+    pub fn stream(&self, path: &str, body: &serde_json::Value) -> super::http::Sse {
+        super::http::Sse::open(self.conn(), path, body.to_string().as_bytes(), &[])
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        self.get("/admin/stats").json()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Wait for exit, up to `deadline`.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for EngineProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
