@@ -3,6 +3,7 @@
 mod bench;
 mod engine_cmd;
 mod run;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -27,6 +28,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve one model on a unix socket (the child process the gateway starts).
     Engine(engine_cmd::EngineArgs),
+    /// Run the gateway: the HTTP API on a TCP port, one engine process per model.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Serve(args) => match serve::serve(args) {
+            Ok(0) => Ok(()),
+            Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
+            Err(e) => Err(e),
+        },
         Command::Engine(_) => unreachable!("handled above"),
     };
     match result {

@@ -35,6 +35,10 @@ pub enum ErrorKind {
     EngineCrashLoop,
     /// The model's engine refused its configuration (bad file, unsupported model).
     EngineConfig,
+    /// The model's engine died while loading.
+    EngineStartFailed,
+    /// The model's engine did not become ready in time.
+    EngineTimeout,
     /// The server is shutting down.
     ShuttingDown,
     /// A bug or an unexpected failure inside the server.
@@ -52,7 +56,8 @@ impl ErrorKind {
             QueueFull => 429,
             Internal => 500,
             EngineUnavailable => 502,
-            EngineDraining | Overloaded | EngineCrashLoop | EngineConfig | ShuttingDown => 503,
+            EngineDraining | Overloaded | EngineCrashLoop | EngineConfig | EngineStartFailed | ShuttingDown => 503,
+            EngineTimeout => 504,
         }
     }
 
@@ -82,6 +87,8 @@ impl ErrorKind {
             Overloaded => "overloaded",
             EngineCrashLoop => "engine_crash_loop",
             EngineConfig => "engine_config",
+            EngineStartFailed => "engine_start_failed",
+            EngineTimeout => "engine_timeout",
             ShuttingDown => "shutting_down",
             Internal => "internal_error",
         }
@@ -91,8 +98,9 @@ impl ErrorKind {
     pub fn retry_after_secs(self) -> Option<u64> {
         use ErrorKind::*;
         match self {
-            QueueFull | Overloaded | EngineDraining | EngineUnavailable | ShuttingDown => Some(1),
-            EngineCrashLoop => Some(60),
+            QueueFull | Overloaded | EngineDraining | EngineUnavailable | EngineStartFailed | ShuttingDown => Some(1),
+            EngineTimeout => Some(5),
+            EngineCrashLoop | EngineConfig => Some(60),
             _ => None,
         }
     }

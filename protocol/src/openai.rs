@@ -256,8 +256,11 @@ pub struct ModelCard {
     pub object: String,
     pub created: u64,
     pub owned_by: String,
-    pub context_window: usize,
-    pub capabilities: Capabilities,
+    /// Known once the model's engine has run (the gateway does not read model files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gen_defaults: Option<GenDefaults>,
     /// Whether an engine for it is running (gateway listing).

@@ -80,3 +80,4 @@ pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
 
 pub mod engine;
 pub mod http;
+pub mod gateway;

@@ -97,8 +97,8 @@ fn models(app: &App) -> ModelList {
             object: "model".into(),
             created: app.created,
             owned_by: "corral".into(),
-            context_window: app.ctx,
-            capabilities: Capabilities {
+            context_window: Some(app.ctx),
+            capabilities: Some(Capabilities {
                 chat_completions: app.engine.template.is_some(),
                 text_completions: true,
                 streaming: true,
@@ -106,7 +106,7 @@ fn models(app: &App) -> ModelList {
                 tools: false,
                 vision: false,
                 embeddings: false,
-            },
+            }),
             gen_defaults: Some(GenDefaults {
                 temperature: d.sampling.temperature,
                 top_p: d.sampling.top_p,

@@ -1,0 +1,231 @@
+//! `corral serve`: the gateway. Models come from `--model` flags (`PATH` or
+//! `ID=PATH`), else every `.gguf` in the models directory; engines start on demand.
+
+use std::ffi::OsString;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use corral_gateway::GatewayConfig;
+use corral_pool::registry::{self, ModelEntry};
+use corral_pool::{Pool, PoolConfig};
+use corral_protocol::ModelId;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to bind. Keep the default unless other machines must reach it.
+    #[arg(long, default_value = "127.0.0.1", env = "CORRAL_HOST")]
+    host: IpAddr,
+    /// Port to bind (0 picks a free one; the chosen address is printed on stdout).
+    #[arg(long, default_value_t = 8080, env = "CORRAL_PORT")]
+    port: u16,
+    /// A model to serve: `PATH` (id = file stem) or `ID=PATH`. Repeatable.
+    #[arg(long = "model", value_name = "[ID=]PATH")]
+    models: Vec<String>,
+    /// Serve every .gguf here when no --model is given.
+    #[arg(long, env = "CORRAL_MODELS_DIR")]
+    models_dir: Option<PathBuf>,
+    /// Engines kept resident at once (least recently used idle ones are evicted).
+    #[arg(long, default_value_t = 1, env = "CORRAL_MODEL_POOL")]
+    model_pool: usize,
+    /// Memory budget for resident engines in GB (model file + KV estimate); 0 = none.
+    #[arg(long, default_value_t = 0.0, env = "CORRAL_MEMORY_BUDGET")]
+    memory_budget: f64,
+    /// Stop an engine idle this long (e.g. 300, 5m, 1h); unset = keep it.
+    #[arg(long, env = "CORRAL_KEEP_ALIVE", value_parser = parse_duration)]
+    keep_alive: Option<Duration>,
+    /// Private directory for engine sockets (default $XDG_RUNTIME_DIR/corral or /tmp/corral-<uid>).
+    #[arg(long, env = "CORRAL_RUNTIME_DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// Start these models' engines at startup (repeatable; `all` for every model).
+    #[arg(long)]
+    preload: Vec<String>,
+    /// Context size per request, passed to engines.
+    #[arg(long, env = "CORRAL_CTX")]
+    ctx: Option<usize>,
+    /// Requests waiting per engine before 429, passed to engines.
+    #[arg(long)]
+    max_queue: Option<usize>,
+    /// Default temperature, passed to engines.
+    #[arg(long, alias = "temp")]
+    temperature: Option<f32>,
+    /// Default top-p, passed to engines.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Default top-k, passed to engines.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Default max_tokens, passed to engines.
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Compute threads per engine, passed to engines.
+    #[arg(long, env = "CORRAL_THREADS")]
+    threads: Option<usize>,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Longest wait for an engine to load.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    load_timeout: Duration,
+    /// Longest wait for a free engine slot before 503 overloaded.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    queue_timeout: Duration,
+    /// No response head from an engine within this: 504 engine_timeout.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    engine_timeout: Duration,
+    /// No bytes from an engine mid-response for this long: the response is cut.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    stall_timeout: Duration,
+    /// How long shutdown lets in-flight requests finish.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    /// SIGTERM → SIGKILL deadline for engines.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    stop_timeout: Duration,
+    /// The engine executable (default: this binary). For tests.
+    #[arg(long, hide = true, env = "CORRAL_ENGINE_BIN")]
+    engine_bin: Option<PathBuf>,
+}
+
+/// `90`, `90s`, `500ms`, `5m`, `2h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m or h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn model_entries(args: &ServeArgs) -> Result<Vec<ModelEntry>> {
+    let mut out: Vec<ModelEntry> = Vec::new();
+    for m in &args.models {
+        let (id, path) = match m.split_once('=') {
+            Some((id, path)) if !Path::new(m).exists() => (Some(id), path),
+            _ => (None, m.as_str()),
+        };
+        let mut e = registry::entry(Path::new(path)).with_context(|| format!("--model {m}"))?;
+        if let Some(id) = id {
+            e.id = ModelId::new(id).with_context(|| format!("--model {m}"))?;
+        }
+        if out.iter().any(|o| o.id == e.id) {
+            bail!("model id {} is given twice", e.id);
+        }
+        out.push(e);
+    }
+    if out.is_empty() {
+        let dir = args.models_dir.clone().unwrap_or_else(registry::default_models_dir);
+        out = registry::scan(&dir)?;
+        if out.is_empty() {
+            bail!("no models: none in {} and no --model given (run scripts/fetch-models)", dir.display());
+        }
+    }
+    Ok(out)
+}
+
+fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
+    let dir = arg.unwrap_or_else(|| match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("corral"),
+        _ => std::env::temp_dir().join(format!("corral-{}", nix::unistd::geteuid())),
+    });
+    if !dir.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
+        bail!("runtime dir {} must be a directory owned by you with mode 0700", dir.display());
+    }
+    // Sockets left by a gateway that died: remove the dead ones; a live one means
+    // another corral uses this directory.
+    for ent in std::fs::read_dir(&dir)?.flatten() {
+        let p = ent.path();
+        if p.extension().and_then(|e| e.to_str()) != Some("sock") {
+            continue;
+        }
+        if std::os::unix::net::UnixStream::connect(&p).is_ok() {
+            bail!("another corral is running with runtime dir {} ({} answers); use --runtime-dir", dir.display(), p.display());
+        }
+        let _ = std::fs::remove_file(&p);
+    }
+    Ok(dir)
+}
+
+pub fn serve(args: ServeArgs) -> Result<i32> {
+    let models = model_entries(&args)?;
+    let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
+    let mut engine_args: Vec<OsString> = Vec::new();
+    let mut pass = |flag: &str, v: Option<String>| {
+        if let Some(v) = v {
+            engine_args.push(flag.into());
+            engine_args.push(v.into());
+        }
+    };
+    pass("--ctx", args.ctx.map(|v| v.to_string()));
+    pass("--max-queue", args.max_queue.map(|v| v.to_string()));
+    pass("--temperature", args.temperature.map(|v| v.to_string()));
+    pass("--top-p", args.top_p.map(|v| v.to_string()));
+    pass("--top-k", args.top_k.map(|v| v.to_string()));
+    pass("--max-tokens", args.max_tokens.map(|v| v.to_string()));
+    pass("--threads", args.threads.map(|v| v.to_string()));
+    let engine_program = match &args.engine_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("locating the corral binary")?,
+    };
+    let preload = if args.preload.iter().any(|p| p == "all") {
+        models.iter().map(|m| m.id.to_string()).collect()
+    } else {
+        args.preload.clone()
+    };
+    let pool_cfg = PoolConfig {
+        models,
+        cap: args.model_pool.max(1),
+        memory_budget: (args.memory_budget.max(0.0) * 1e9) as u64,
+        runtime_dir,
+        engine_program,
+        engine_args,
+        load_timeout: args.load_timeout,
+        queue_timeout: args.queue_timeout,
+        drain_timeout: args.drain_timeout,
+        stop_timeout: args.stop_timeout,
+        keep_alive: args.keep_alive,
+    };
+    let gw = GatewayConfig {
+        addr: SocketAddr::new(args.host, args.port),
+        max_body_bytes: args.max_body_bytes,
+        engine_timeout: args.engine_timeout,
+        stall_timeout: args.stall_timeout,
+        drain_timeout: args.drain_timeout,
+        stats_timeout: Duration::from_millis(500),
+        preload,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let pool = Pool::new(pool_cfg)?;
+        corral_gateway::run(gw, pool).await
+    })
+    .map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

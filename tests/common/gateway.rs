@@ -1,0 +1,156 @@
+//! Spawning the real `corral serve` on 127.0.0.1:0 with a private runtime dir, with a
+//! kill-on-drop guard, and helpers to call it over TCP.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::TempDir;
+use super::http::{self, Response, Sse};
+
+pub struct Gateway {
+    pub child: Child,
+    pub addr: String,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+    pub dir: TempDir,
+}
+
+/// A fake engine "model": a `.gguf` file holding the fake engine's behaviour as JSON.
+pub fn fake_model(dir: &Path, name: &str, behaviour: Value) -> PathBuf {
+    let p = dir.join(format!("{name}.gguf"));
+    std::fs::write(&p, behaviour.to_string()).unwrap();
+    p
+}
+
+pub fn fake_engine_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_corral-fake-engine")
+}
+
+impl Gateway {
+    /// `corral serve --port 0 --runtime-dir <tmp>/run <args…>`.
+    pub fn start(args: &[&str]) -> Self {
+        let dir = TempDir::new("gateway");
+        Self::start_in(dir, args)
+    }
+
+    pub fn start_in(dir: TempDir, args: &[&str]) -> Self {
+        let run = dir.path().join("run");
+        let mut child = Command::new(super::bin())
+            .arg("serve")
+            .args(["--port", "0", "--runtime-dir"])
+            .arg(&run)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn corral serve");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let sink = stderr.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(out).lines();
+            if let Some(Ok(l)) = lines.next() {
+                let _ = tx.send(l);
+            }
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("gateway did not start: {}", stderr.lock().unwrap().join("\n"))
+        });
+        let v: Value = serde_json::from_str(&line).expect("listening line");
+        assert_eq!(v["event"], "listening");
+        let addr = v["addr"].as_str().unwrap().to_owned();
+        Self { child, addr, stderr, dir }
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        http::request(http::tcp(&self.addr), "GET", path, None, &[])
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Response {
+        http::request(http::tcp(&self.addr), "POST", path, Some(body.to_string().as_bytes()), &[])
+    }
+
+    pub fn stream(&self, path: &str, body: &Value) -> Sse {
+        Sse::open(http::tcp(&self.addr), path, body.to_string().as_bytes(), &[])
+    }
+
+    pub fn engine(&self) -> Value {
+        self.get("/engine").json()
+    }
+
+    pub fn engine_of(&self, model: &str) -> Value {
+        self.engine()["engines"].as_array().unwrap().iter().find(|e| e["model"] == model).cloned().unwrap_or(Value::Null)
+    }
+
+    pub fn stats(&self) -> Value {
+        self.get("/stats").json()
+    }
+
+    pub fn counter(&self, name: &str) -> u64 {
+        self.stats()["gateway"][name].as_u64().unwrap()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<ExitStatus> {
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        // SIGKILL: the engines die with us (stdin EOF, parent-death signal).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a process exists.
+pub fn alive(pid: u32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+}
+
+pub fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}

@@ -1,0 +1,175 @@
+//! A fault-injecting stand-in for `corral engine`, for gateway tests only.
+//!
+//! It speaks the engine's protocol (argv, ready line, socket, `/health`, `/v1/models`,
+//! `/admin/*`, streamed and whole completions) without a model: its "model file" is a
+//! JSON object of behaviours, e.g. `{"tokens": 40, "token_ms": 20, "crash_after_tokens":
+//! 5}`. Every field is optional:
+//!
+//! - `exit_at_start`: exit with this code before loading (crash loop, 78 = config error)
+//! - `stderr`: a line to print on stderr first
+//! - `load_ms`: pretend loading takes this long
+//! - `exit_after_ready_ms`: exit (code 1) this long after becoming ready
+//! - `tokens`, `token_ms`: length and pace of every completion
+//! - `crash_after_tokens`: SIGKILL itself after sending this many tokens
+//! - `hang_before_headers`: accept requests and never answer
+//! - `hang_after_tokens`: stop sending (keep the connection) after this many tokens
+//! - `garbage`: answer generation requests with bytes that are not HTTP
+//! - `die_on_request`: exit (code 1) as soon as a generation request arrives
+//! - `ignore_sigterm`: keep running on SIGTERM
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let model = arg(&args, "--model").expect("--model");
+    let socket = arg(&args, "--socket").expect("--socket");
+    let id = arg(&args, "--id").unwrap_or_else(|| "fake".into());
+    let cfg: Value = std::fs::read_to_string(&model).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(json!({}));
+    if let Some(line) = cfg["stderr"].as_str() {
+        eprintln!("{line}");
+    }
+    if let Some(code) = cfg["exit_at_start"].as_i64() {
+        std::process::exit(code as i32);
+    }
+    std::thread::sleep(Duration::from_millis(cfg["load_ms"].as_u64().unwrap_or(50)));
+    if !cfg["ignore_sigterm"].as_bool().unwrap_or(false) {
+        let mut sigs = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM]).unwrap();
+        let sock = socket.clone();
+        std::thread::spawn(move || {
+            if sigs.forever().next().is_some() {
+                let _ = std::fs::remove_file(&sock);
+                std::process::exit(0);
+            }
+        });
+    } else {
+        let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    }
+    // Parent gone (stdin EOF): exit.
+    std::thread::spawn(|| {
+        let mut buf = [0u8; 64];
+        while std::io::stdin().read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
+        std::process::exit(0);
+    });
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).expect("bind");
+    println!("{}", json!({"event": "ready", "pid": std::process::id(), "socket": socket, "model": id, "load_ms": 1}));
+    std::io::stdout().flush().unwrap();
+    if let Some(ms) = cfg["exit_after_ready_ms"].as_u64() {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            std::process::exit(1);
+        });
+    }
+    for stream in listener.incoming().flatten() {
+        let (cfg, id) = (cfg.clone(), id.clone());
+        std::thread::spawn(move || serve(stream, &cfg, &id));
+    }
+}
+
+fn respond(s: &mut UnixStream, status: &str, ctype: &str, body: &str) {
+    let _ = write!(s, "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+}
+
+fn serve(mut stream: UnixStream, cfg: &Value, id: &str) {
+    let mut r = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if r.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or("").to_owned(), parts.next().unwrap_or("").to_owned());
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; len];
+    let _ = r.read_exact(&mut body);
+    let req: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+    match (method.as_str(), path.split('?').next().unwrap_or("")) {
+        ("GET", "/health") => respond(&mut stream, "200 OK", "application/json", r#"{"status":"ok"}"#),
+        ("GET", "/v1/models") => {
+            let card = json!({"object": "list", "data": [{"id": id, "object": "model", "created": 0, "owned_by": "corral", "context_window": 512}]});
+            respond(&mut stream, "200 OK", "application/json", &card.to_string());
+        }
+        ("GET", "/admin/stats") => {
+            let s = json!({"model": id, "pid": std::process::id(), "requests_total": REQUESTS.load(Ordering::Relaxed), "fake": true});
+            respond(&mut stream, "200 OK", "application/json", &s.to_string());
+        }
+        ("POST", "/admin/drain") => respond(&mut stream, "200 OK", "application/json", r#"{"drained":true,"demotions":0,"cancelled":0}"#),
+        ("POST", "/v1/chat/completions" | "/v1/completions") => {
+            REQUESTS.fetch_add(1, Ordering::Relaxed);
+            generate(&mut stream, cfg, id, &req);
+        }
+        _ => respond(&mut stream, "404 Not Found", "application/json", r#"{"error":{"message":"no route","type":"invalid_request_error","param":null,"code":"not_found"}}"#),
+    }
+}
+
+fn generate(s: &mut UnixStream, cfg: &Value, id: &str, req: &Value) {
+    if cfg["die_on_request"].as_bool().unwrap_or(false) {
+        std::process::exit(1);
+    }
+    if cfg["hang_before_headers"].as_bool().unwrap_or(false) {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+    if cfg["garbage"].as_bool().unwrap_or(false) {
+        let _ = s.write_all(b"\x00\x01 this is not HTTP at all\r\n\r\n");
+        return;
+    }
+    let n = req["max_tokens"].as_u64().unwrap_or(u64::MAX).min(cfg["tokens"].as_u64().unwrap_or(8));
+    let pace = Duration::from_millis(cfg["token_ms"].as_u64().unwrap_or(5));
+    let crash_after = cfg["crash_after_tokens"].as_u64();
+    let hang_after = cfg["hang_after_tokens"].as_u64();
+    let chunk = |i: u64| json!({"id": "fake", "object": "chat.completion.chunk", "model": id, "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]});
+    if req["stream"].as_bool().unwrap_or(false) {
+        let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n");
+        let mut send = |data: String| {
+            let ev = format!("data: {data}\n\n");
+            write!(s, "{:x}\r\n{ev}\r\n", ev.len()).and_then(|_| s.flush()).is_ok()
+        };
+        for i in 0..n {
+            if crash_after == Some(i) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+            }
+            if hang_after == Some(i) {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+            if !send(chunk(i).to_string()) {
+                return;
+            }
+            std::thread::sleep(pace);
+        }
+        send(json!({"id": "fake", "object": "chat.completion.chunk", "model": id, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).to_string());
+        send("[DONE]".into());
+        let _ = write!(s, "0\r\n\r\n");
+    } else {
+        let mut text = String::new();
+        for i in 0..n {
+            if crash_after == Some(i) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+            }
+            text.push_str(&format!("tok{i} "));
+            std::thread::sleep(pace);
+        }
+        let body = json!({"id": "fake", "object": "chat.completion", "model": id,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1, "prompt_tokens_details": {"cached_tokens": 0}}});
+        respond(s, "200 OK", "application/json", &body.to_string());
+    }
+}
