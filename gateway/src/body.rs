@@ -18,6 +18,9 @@ use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 
 use crate::stats::GatewayStats;
 
+/// How long the terminal error event gets to reach the socket before the body is cut.
+const FLUSH_GRACE: Duration = Duration::from_millis(20);
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub enum Body {
@@ -75,6 +78,7 @@ impl ProxyBody {
         self.lease.take();
         if self.sse {
             self.state = End::ErrorSent;
+            self.timer = None;
             let ev = format!("data: {}\n\n", ApiError::new(kind, msg).to_json());
             Poll::Ready(Some(Ok(Frame::data(Bytes::from(ev)))))
         } else {
@@ -102,6 +106,12 @@ impl HttpBody for Body {
         match p.state {
             End::Done => return Poll::Ready(None),
             End::ErrorSent => {
+                // hyper drops unflushed bytes when a body errors, so give it a moment
+                // (a pending poll makes it flush) before cutting the chunked body.
+                let timer = p.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(FLUSH_GRACE)));
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
                 p.state = End::Done;
                 return Poll::Ready(Some(Err("engine failed mid-stream".into())));
             }
