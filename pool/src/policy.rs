@@ -82,9 +82,11 @@ pub fn can_start<K>(residents: &[Resident<K>], bytes: u64, limits: &Limits) -> b
 
 /// Which idle, ready engines to stop (least recently used first) so the residents fit
 /// the limits. `keep` is never chosen (the engine just started for a waiting request).
+/// Engines still starting do not count yet: the engine a switch is waiting for makes
+/// the old one go only once it is ready, so the old one serves throughout the load.
 pub fn victims<K: PartialEq + Clone>(residents: &[Resident<K>], keep: Option<&K>, limits: &Limits) -> Vec<K> {
-    let mut count = residents.len();
-    let mut bytes: u64 = residents.iter().map(|r| r.bytes).sum();
+    let mut count = residents.iter().filter(|r| !r.starting).count();
+    let mut bytes: u64 = residents.iter().filter(|r| !r.starting).map(|r| r.bytes).sum();
     let over = |count: usize, bytes: u64| count > limits.cap.max(1) || (limits.memory_budget > 0 && bytes > limits.memory_budget && count > 1);
     let mut idle: Vec<&Resident<K>> =
         residents.iter().filter(|r| !r.starting && r.in_flight == 0 && Some(&r.key) != keep).collect();
@@ -165,5 +167,16 @@ mod tests {
         assert!(victims(&fits, None, &limits).is_empty());
         let mem = Limits { cap: 5, memory_budget: 25 };
         assert_eq!(victims(&rs, Some(&"c"), &mem), vec!["b"]);
+    }
+
+    #[test]
+    fn nothing_is_evicted_for_an_engine_still_loading() {
+        let limits = Limits { cap: 1, memory_budget: 0 };
+        let loading = [r("a", false, 0, 30, 10), r("b", true, 0, 0, 10)];
+        assert!(victims(&loading, None, &limits).is_empty(), "A serves until B is ready");
+        let ready = [r("a", false, 0, 30, 10), r("b", false, 0, 0, 10)];
+        assert_eq!(victims(&ready, Some(&"b"), &limits), vec!["a"]);
+        let mem = Limits { cap: 4, memory_budget: 15 };
+        assert!(victims(&loading, None, &mem).is_empty());
     }
 }

@@ -139,9 +139,25 @@ impl Drop for Gateway {
     }
 }
 
-/// Whether a process exists.
+/// Whether a process exists and has not exited (a zombie waiting to be reaped by
+/// whoever inherited it counts as gone).
 pub fn alive(pid: u32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_none_or(|st| st != "Z" && st != "X"),
+        Err(_) => !std::path::Path::new("/proc/self").exists(),
+    }
+}
+
+/// Sockets left in a runtime directory.
+pub fn sockets_in(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_socket())).map(|e| e.path()).collect())
+        .unwrap_or_default()
 }
 
 pub fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {

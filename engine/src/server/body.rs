@@ -1,10 +1,13 @@
 //! Response bodies: a whole buffer, or a stream of chunks fed by a task. The stream's
 //! sender can wait for the client to go away (`closed()`), which is how a request
-//! notices a disconnect even while nothing is being sent (during prefill).
+//! notices a disconnect even while nothing is being sent (during prefill). While a
+//! stream is quiet (a long prefill) it sends an SSE comment every `HEARTBEAT`, so a
+//! proxy's stall timer (the gateway's `--stall-timeout`) never mistakes work for a hang.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
@@ -12,8 +15,16 @@ use tokio::sync::mpsc;
 
 pub enum Body {
     Full(Option<Bytes>),
-    Stream(mpsc::Receiver<Bytes>),
+    Stream(Box<Stream>),
 }
+
+pub struct Stream {
+    rx: mpsc::Receiver<Bytes>,
+    beat: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// Quiet time after which a stream sends `: keep-alive`.
+pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
 impl Body {
     pub fn full(b: impl Into<Bytes>) -> Self {
@@ -24,7 +35,7 @@ impl Body {
     /// back-pressure all the way to the generation thread).
     pub fn channel(cap: usize) -> (mpsc::Sender<Bytes>, Self) {
         let (tx, rx) = mpsc::channel(cap);
-        (tx, Body::Stream(rx))
+        (tx, Body::Stream(Box::new(Stream { rx, beat: Box::pin(tokio::time::sleep(HEARTBEAT)) })))
     }
 }
 
@@ -35,7 +46,19 @@ impl HttpBody for Body {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
+            Body::Stream(s) => match s.rx.poll_recv(cx) {
+                Poll::Ready(item) => {
+                    s.beat.as_mut().reset(tokio::time::Instant::now() + HEARTBEAT);
+                    Poll::Ready(item.map(|b| Ok(Frame::data(b))))
+                }
+                Poll::Pending => {
+                    if s.beat.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    s.beat.as_mut().reset(tokio::time::Instant::now() + HEARTBEAT);
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b": keep-alive\n\n")))))
+                }
+            },
         }
     }
 
