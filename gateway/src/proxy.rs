@@ -40,9 +40,12 @@ fn strip_hop(h: &mut HeaderMap) {
     }
 }
 
+/// The only fields the gateway reads (unknown ones are ignored, as are wrong types of
+/// `stream`: the engine judges those).
 #[derive(serde::Deserialize)]
-struct ModelField {
+struct Routing {
     model: Option<String>,
+    stream: Option<serde_json::Value>,
 }
 
 /// Read a body of at most `limit` bytes.
@@ -68,14 +71,13 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
         Err(e) => return error_response(&e),
     };
     // Only `model` is read; anything else about the body is the engine's to judge.
-    let model = match serde_json::from_slice::<ModelField>(&body) {
-        Ok(m) => m.model,
+    let (model, sse_wanted) = match serde_json::from_slice::<Routing>(&body) {
+        Ok(r) => (r.model, r.stream.and_then(|s| s.as_bool()).unwrap_or(false)),
         Err(e) if app.pool.default_model().is_none() => {
             return error_response(&ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
         }
-        Err(_) => None,
+        Err(_) => (None, false),
     };
-    let sse_wanted = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v.get("stream")?.as_bool()).unwrap_or(false);
     let mut attempt = 0;
     loop {
         let lease = match app.pool.lease(model.as_deref()).await {
