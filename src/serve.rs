@@ -137,7 +137,11 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
         _ => std::env::temp_dir().join(format!("corral-{}", nix::unistd::geteuid())),
     });
     if !dir.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     let meta = std::fs::symlink_metadata(&dir)?;
     if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
@@ -151,7 +155,11 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
             continue;
         }
         if std::os::unix::net::UnixStream::connect(&p).is_ok() {
-            bail!("another corral is running with runtime dir {} ({} answers); use --runtime-dir", dir.display(), p.display());
+            bail!(
+                "another corral is running with runtime dir {} ({} answers); use --runtime-dir",
+                dir.display(),
+                p.display()
+            );
         }
         let _ = std::fs::remove_file(&p);
     }

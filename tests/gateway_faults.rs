@@ -56,7 +56,13 @@ fn crash_loop_fails_fast_without_more_spawns() {
 
 #[test]
 fn config_error_exit_78_is_not_retried() {
-    let gw = fake_gateway(&[("bad", json!({"exit_at_start": 78, "stderr": "corral engine: error: bad.gguf is not a GGUF file"})), ("good", json!({}))], &[]);
+    let gw = fake_gateway(
+        &[
+            ("bad", json!({"exit_at_start": 78, "stderr": "corral engine: error: bad.gguf is not a GGUF file"})),
+            ("good", json!({})),
+        ],
+        &[],
+    );
     for _ in 0..3 {
         let r = gw.post("/v1/chat/completions", &chat("bad", false));
         assert_eq!(r.status, 503);
@@ -109,7 +115,10 @@ fn crash_mid_stream_is_a_terminal_error_event_and_the_next_request_respawns() {
 #[test]
 fn hung_engine_times_out_and_is_recycled() {
     let gw = fake_gateway(
-        &[("hang", json!({"hang_before_headers": true})), ("stall", json!({"tokens": 50, "token_ms": 5, "hang_after_tokens": 3}))],
+        &[
+            ("hang", json!({"hang_before_headers": true})),
+            ("stall", json!({"tokens": 50, "token_ms": 5, "hang_after_tokens": 3})),
+        ],
         &["--engine-timeout", "1s", "--stall-timeout", "700ms", "--model-pool", "2"],
     );
     let t = Instant::now();
@@ -117,7 +126,11 @@ fn hung_engine_times_out_and_is_recycled() {
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "engine_timeout");
     assert!(t.elapsed() < Duration::from_secs(10));
-    assert!(wait_until(Duration::from_secs(5), || gw.engine_of("hang")["state"] == "crashed"), "not recycled: {}", gw.engine_of("hang"));
+    assert!(
+        wait_until(Duration::from_secs(5), || gw.engine_of("hang")["state"] == "crashed"),
+        "not recycled: {}",
+        gw.engine_of("hang")
+    );
     let mut s = gw.stream("/v1/chat/completions", &chat("stall", true));
     let events = s.collect();
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
@@ -140,7 +153,10 @@ fn only_connections_that_never_reached_the_engine_are_retried() {
     // gateway waits for the respawn and the request succeeds.
     let dir = TempDir::new("retry");
     let model = fake_model(dir.path(), "gone", json!({"exit_after_ready_ms": 150}));
-    let gw = Gateway::start_in(dir, &["--engine-bin", fake_engine_bin(), "--model", model.to_str().unwrap(), "--preload", "gone"]);
+    let gw = Gateway::start_in(
+        dir,
+        &["--engine-bin", fake_engine_bin(), "--model", model.to_str().unwrap(), "--preload", "gone"],
+    );
     assert!(wait_until(Duration::from_secs(5), || gw.engine_of("gone")["last_exit"]["code"] == 1));
     std::fs::write(&model, "{}").unwrap();
     let r = gw.post("/v1/chat/completions", &chat("gone", false));
@@ -184,7 +200,14 @@ fn concurrent_cold_requests_start_exactly_one_engine() {
             let addr = addr.clone();
             std::thread::spawn(move || {
                 let body = chat("cold", false).to_string();
-                common::http::request(common::http::tcp(&addr), "POST", "/v1/chat/completions", Some(body.as_bytes()), &[]).status
+                common::http::request(
+                    common::http::tcp(&addr),
+                    "POST",
+                    "/v1/chat/completions",
+                    Some(body.as_bytes()),
+                    &[],
+                )
+                .status
             })
         })
         .collect();

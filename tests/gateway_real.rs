@@ -91,8 +91,13 @@ fn switching_a_b_a_with_a_pool_of_one_keeps_a_serving_while_b_loads() {
     assert!(s["last_switch_ms"].as_u64().unwrap() > 0, "{s}");
     assert_eq!(s["evictions"], 2, "{s}");
     let models = gw.get("/v1/models").json();
-    let resident: Vec<&str> =
-        models["data"].as_array().unwrap().iter().filter(|m| m["resident"] == true).map(|m| m["id"].as_str().unwrap()).collect();
+    let resident: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["resident"] == true)
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     assert_eq!(resident, ["smol"], "{models}");
 }
 
@@ -107,7 +112,12 @@ fn kill_9_of_an_engine_under_four_streams_ends_each_with_an_error_and_the_gatewa
         .map(|_| {
             let (addr, events) = (gw.addr.clone(), events.clone());
             std::thread::spawn(move || {
-                let mut s = common::http::Sse::open(common::http::tcp(&addr), "/v1/chat/completions", chat("smol", true, 400).to_string().as_bytes(), &[]);
+                let mut s = common::http::Sse::open(
+                    common::http::tcp(&addr),
+                    "/v1/chat/completions",
+                    chat("smol", true, 400).to_string().as_bytes(),
+                    &[],
+                );
                 let mut got = Vec::new();
                 if s.status == 200 {
                     while let Some(ev) = s.next_event() {
@@ -150,7 +160,8 @@ fn kill_9_of_an_engine_under_four_streams_ends_each_with_an_error_and_the_gatewa
 
 #[test]
 fn sigterm_under_load_exits_cleanly_leaving_no_engines_or_sockets() {
-    let mut gw = real_gateway(&["--model-pool", "2", "--preload", "smol", "--preload", "gemma", "--drain-timeout", "3s"]);
+    let mut gw =
+        real_gateway(&["--model-pool", "2", "--preload", "smol", "--preload", "gemma", "--drain-timeout", "3s"]);
     assert!(wait_until(Duration::from_secs(60), || all_ready(&gw)), "{}", gw.engine());
     let pids = [pid_of(&gw, "smol"), pid_of(&gw, "gemma")];
     let streams: Vec<_> = ["smol", "gemma"]
@@ -158,13 +169,22 @@ fn sigterm_under_load_exits_cleanly_leaving_no_engines_or_sockets() {
         .map(|m| {
             let addr = gw.addr.clone();
             std::thread::spawn(move || {
-                let mut s = common::http::Sse::open(common::http::tcp(&addr), "/v1/chat/completions", chat(m, true, 2000).to_string().as_bytes(), &[]);
+                let mut s = common::http::Sse::open(
+                    common::http::tcp(&addr),
+                    "/v1/chat/completions",
+                    chat(m, true, 2000).to_string().as_bytes(),
+                    &[],
+                );
                 let events = s.collect();
                 (s.status, events)
             })
         })
         .collect();
-    assert!(wait_until(Duration::from_secs(30), || gw.engine()["engines"].as_array().unwrap().iter().all(|e| e["in_flight"] == 1)));
+    assert!(wait_until(Duration::from_secs(30), || gw.engine()["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["in_flight"] == 1)));
     std::thread::sleep(Duration::from_millis(300));
     gw.signal(Signal::SIGTERM);
     let status = gw.wait_exit(Duration::from_secs(30)).expect("gateway did not exit after SIGTERM");
@@ -190,7 +210,11 @@ fn kill_9_of_the_gateway_takes_its_engines_down_within_a_second() {
     assert!(pids.iter().all(|&p| alive(p)));
     gw.signal(Signal::SIGKILL);
     let t = Instant::now();
-    assert!(wait_until(Duration::from_secs(1), || pids.iter().all(|&p| !alive(p))), "engines alive {:?} after the gateway died", t.elapsed());
+    assert!(
+        wait_until(Duration::from_secs(1), || pids.iter().all(|&p| !alive(p))),
+        "engines alive {:?} after the gateway died",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -202,7 +226,12 @@ fn routes_by_model_id_and_reports_unknown_ones() {
     assert_eq!(gw.post("/admin/drain", &json!({})).status, 404);
     let r = gw.post("/v1/chat/completions", &chat("gemma", false, 3)).json();
     assert_eq!(r["model"], "gemma");
-    let r = gw.post("/v1/completions", &json!({"model": "smol", "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0})).json();
+    let r = gw
+        .post(
+            "/v1/completions",
+            &json!({"model": "smol", "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}),
+        )
+        .json();
     assert_eq!(r["model"], "smol", "{r}");
     assert_eq!(r["usage"]["completion_tokens"], 3, "{r}");
     let s = gw.stats();

@@ -61,9 +61,25 @@ enum End {
 }
 
 impl ProxyBody {
-    pub fn new(upstream: Incoming, lease: Lease, sse: bool, stall: Duration, stats: Arc<GatewayStats>, on_failure: Box<dyn FnOnce(Failure) + Send>) -> Self {
+    pub fn new(
+        upstream: Incoming,
+        lease: Lease,
+        sse: bool,
+        stall: Duration,
+        stats: Arc<GatewayStats>,
+        on_failure: Box<dyn FnOnce(Failure) + Send>,
+    ) -> Self {
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self { upstream, lease: Some(lease), sse, stall, stats, on_failure: Some(on_failure), timer: None, state: End::Open }
+        Self {
+            upstream,
+            lease: Some(lease),
+            sse,
+            stall,
+            stats,
+            on_failure: Some(on_failure),
+            timer: None,
+            state: End::Open,
+        }
     }
 
     fn fail(&mut self, why: Failure, msg: String) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {

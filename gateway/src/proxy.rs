@@ -51,7 +51,12 @@ struct Routing {
 /// Read a body of at most `limit` bytes.
 pub async fn read_body(req: Request<Incoming>, limit: usize) -> Result<(http::request::Parts, Bytes), ApiError> {
     let too_big = || ApiError::new(ErrorKind::PayloadTooLarge, format!("the request body is over {limit} bytes"));
-    if req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()).is_some_and(|n| n > limit as u64) {
+    if req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64)
+    {
         return Err(too_big());
     }
     let (parts, body) = req.into_parts();
@@ -95,12 +100,18 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
             }
             Err(SendError::NotConnected(e)) => {
                 app.stats.proxy_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return error_response(&ApiError::new(ErrorKind::EngineUnavailable, format!("the engine is unreachable: {e}")));
+                return error_response(&ApiError::new(
+                    ErrorKind::EngineUnavailable,
+                    format!("the engine is unreachable: {e}"),
+                ));
             }
             Err(SendError::Failed(e)) => {
                 app.stats.proxy_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 app.pool.recycle(&lease.model, lease.pid);
-                return error_response(&ApiError::new(ErrorKind::EngineUnavailable, format!("the engine failed before answering: {e}")));
+                return error_response(&ApiError::new(
+                    ErrorKind::EngineUnavailable,
+                    format!("the engine failed before answering: {e}"),
+                ));
             }
             Err(SendError::Timeout) => {
                 app.stats.proxy_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -117,9 +128,15 @@ enum SendError {
     Timeout,
 }
 
-async fn send(app: &App, lease: &Lease, parts: &http::request::Parts, body: Bytes) -> Result<Response<Incoming>, SendError> {
+async fn send(
+    app: &App,
+    lease: &Lease,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Result<Response<Incoming>, SendError> {
     let mut tx = unix_http::connect::<Full<Bytes>>(&lease.socket).await.map_err(SendError::NotConnected)?;
-    let mut req = Request::builder().method(parts.method.clone()).uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+    let mut req =
+        Request::builder().method(parts.method.clone()).uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     if let Some(h) = req.headers_mut() {
         *h = parts.headers.clone();
         strip_hop(h);
@@ -138,7 +155,11 @@ fn respond(app: &Arc<App>, resp: Response<Incoming>, lease: Lease, sse_wanted: b
     let (mut parts, upstream) = resp.into_parts();
     strip_hop(&mut parts.headers);
     let sse = sse_wanted
-        || parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
+        || parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
     let (pool, model, pid) = (app.pool.clone(), lease.model.clone(), lease.pid);
     let on_failure = Box::new(move |why: Failure| {
         if let Failure::Stalled = why {

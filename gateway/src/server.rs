@@ -64,7 +64,9 @@ const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions"];
 
 async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-    let route = if PROXIED.contains(&path.as_str()) || matches!(path.as_str(), "/health" | "/engine" | "/stats" | "/v1/models") {
+    let route = if PROXIED.contains(&path.as_str())
+        || matches!(path.as_str(), "/health" | "/engine" | "/stats" | "/v1/models")
+    {
         path.clone()
     } else {
         "other".to_owned()
@@ -82,7 +84,8 @@ async fn dispatch(app: &Arc<App>, req: Request<Incoming>, method: &Method, path:
         return error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {path}")));
     }
     if (get_only && method != Method::GET) || (post_only && method != Method::POST) {
-        let mut r = error_response(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{method} is not allowed on {path}")));
+        let mut r =
+            error_response(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{method} is not allowed on {path}")));
         r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(if get_only { "GET" } else { "POST" }));
         return r;
     }
@@ -107,7 +110,9 @@ async fn stats(app: &Arc<App>) -> Response<Body> {
     let timeout = app.cfg.stats_timeout;
     let queries = app.pool.ready_sockets().into_iter().map(|(model, socket)| async move {
         let v = match unix_http::call(&socket, "GET", "/admin/stats", Bytes::new(), timeout).await {
-            Ok((200, body)) => serde_json::from_slice(&body).unwrap_or_else(|e| json!({"stale": true, "error": e.to_string()})),
+            Ok((200, body)) => {
+                serde_json::from_slice(&body).unwrap_or_else(|e| json!({"stale": true, "error": e.to_string()}))
+            }
             Ok((status, _)) => json!({"stale": true, "error": format!("status {status}")}),
             Err(e) => json!({"stale": true, "error": e.to_string()}),
         };

@@ -62,10 +62,10 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
         tokio::spawn(async move {
             let mut lines = BufReader::new(out).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(ev) = serde_json::from_str::<ReadyEvent>(&line) {
-                    if ev.event == "ready" {
-                        let _ = tx.send(ProcEvent::Ready(ev));
-                    }
+                if let Ok(ev) = serde_json::from_str::<ReadyEvent>(&line)
+                    && ev.event == "ready"
+                {
+                    let _ = tx.send(ProcEvent::Ready(ev));
                 }
             }
         });
@@ -138,10 +138,10 @@ pub fn last_error_line(tail: &[String]) -> Option<String> {
 
 /// Signal an engine's whole process group (ignoring "no such process").
 pub fn signal_group(pid: u32, sig: Signal) {
-    if let Err(e) = killpg(Pid::from_raw(pid as i32), sig) {
-        if e != nix::errno::Errno::ESRCH {
-            tracing::warn!(pid, signal = ?sig, error = %e, "signalling engine group failed");
-        }
+    if let Err(e) = killpg(Pid::from_raw(pid as i32), sig)
+        && e != nix::errno::Errno::ESRCH
+    {
+        tracing::warn!(pid, signal = ?sig, error = %e, "signalling engine group failed");
     }
 }
 

@@ -87,7 +87,9 @@ pub fn can_start<K>(residents: &[Resident<K>], bytes: u64, limits: &Limits) -> b
 pub fn victims<K: PartialEq + Clone>(residents: &[Resident<K>], keep: Option<&K>, limits: &Limits) -> Vec<K> {
     let mut count = residents.iter().filter(|r| !r.starting).count();
     let mut bytes: u64 = residents.iter().filter(|r| !r.starting).map(|r| r.bytes).sum();
-    let over = |count: usize, bytes: u64| count > limits.cap.max(1) || (limits.memory_budget > 0 && bytes > limits.memory_budget && count > 1);
+    let over = |count: usize, bytes: u64| {
+        count > limits.cap.max(1) || (limits.memory_budget > 0 && bytes > limits.memory_budget && count > 1)
+    };
     let mut idle: Vec<&Resident<K>> =
         residents.iter().filter(|r| !r.starting && r.in_flight == 0 && Some(&r.key) != keep).collect();
     idle.sort_by_key(|r| r.last_used);

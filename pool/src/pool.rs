@@ -246,10 +246,10 @@ impl Pool {
 
     pub fn route(&self, requested: Option<&str>) -> Result<ModelId, ApiError> {
         let g = lock(&self.shared.inner);
-        if let Some(name) = requested {
-            if let Some(id) = g.slots.keys().find(|k| k.as_str() == name) {
-                return Ok(id.clone());
-            }
+        if let Some(name) = requested
+            && let Some(id) = g.slots.keys().find(|k| k.as_str() == name)
+        {
+            return Ok(id.clone());
         }
         if g.slots.len() == 1 {
             return Ok(g.slots.keys().next().cloned().expect("one slot"));
@@ -302,22 +302,26 @@ impl Pool {
                         });
                     }
                     EngineState::Failed if slot.failed_until.is_some_and(|t| t > now) => {
-                        return Err(slot.failed_error.clone().unwrap_or_else(|| ApiError::new(ErrorKind::EngineCrashLoop, "engine failed")));
+                        return Err(slot
+                            .failed_error
+                            .clone()
+                            .unwrap_or_else(|| ApiError::new(ErrorKind::EngineCrashLoop, "engine failed")));
                     }
                     EngineState::Starting => waited_on = Some(slot.generation),
                     EngineState::Draining => {}
                     EngineState::Stopped | EngineState::Crashed | EngineState::Failed => {
-                        if let (Some(g0), Some((g1, err))) = (waited_on, &slot.failed_start) {
-                            if g0 == *g1 {
-                                return Err(err.clone());
-                            }
+                        if let (Some(g0), Some((g1, err))) = (waited_on, &slot.failed_start)
+                            && g0 == *g1
+                        {
+                            return Err(err.clone());
                         }
                         match slot.next_start.filter(|&t| t > now) {
                             Some(t) => sleep_until = Some(t),
                             None => {
                                 let bytes = slot.bytes();
                                 if can_start_now(&g, &id, bytes, cfg) {
-                                    let gen_ = begin_start(&self.shared, &mut g, &id, others_resident.then_some(started));
+                                    let gen_ =
+                                        begin_start(&self.shared, &mut g, &id, others_resident.then_some(started));
                                     waited_on = Some(gen_);
                                 }
                             }
@@ -328,7 +332,9 @@ impl Pool {
             let now = Instant::now();
             if now >= deadline {
                 return Err(match waited_on {
-                    Some(_) => ApiError::new(ErrorKind::EngineTimeout, "the model's engine did not become ready in time"),
+                    Some(_) => {
+                        ApiError::new(ErrorKind::EngineTimeout, "the model's engine did not become ready in time")
+                    }
                     None => ApiError::new(ErrorKind::Overloaded, "every engine slot is busy; retry shortly"),
                 });
             }
@@ -469,7 +475,13 @@ fn can_start_now(g: &Inner, id: &ModelId, bytes: u64, cfg: &PoolConfig) -> bool 
         .slots
         .iter()
         .filter(|(k, s)| *k != id && matches!(s.state, EngineState::Starting | EngineState::Ready))
-        .map(|(k, s)| Resident { key: k.clone(), starting: s.state == EngineState::Starting, in_flight: s.in_flight, last_used: s.last_used, bytes: s.bytes() })
+        .map(|(k, s)| Resident {
+            key: k.clone(),
+            starting: s.state == EngineState::Starting,
+            in_flight: s.in_flight,
+            last_used: s.last_used,
+            bytes: s.bytes(),
+        })
         .collect();
     policy::can_start(&residents, bytes, &Limits { cap: cfg.cap, memory_budget: cfg.memory_budget })
 }
@@ -492,7 +504,15 @@ fn begin_start(shared: &Arc<Shared>, g: &mut Inner, id: &ModelId, switch_started
     }
     let generation = slot.generation;
     let socket = shared.cfg.runtime_dir.join(format!("e-{:08x}-{generation}.sock", short_hash(id.as_str())));
-    let mut args: Vec<OsString> = vec!["engine".into(), "--model".into(), slot.entry.path.clone().into(), "--id".into(), id.to_string().into(), "--socket".into(), socket.clone().into()];
+    let mut args: Vec<OsString> = vec![
+        "engine".into(),
+        "--model".into(),
+        slot.entry.path.clone().into(),
+        "--id".into(),
+        id.to_string().into(),
+        "--socket".into(),
+        socket.clone().into(),
+    ];
     args.extend(shared.cfg.engine_args.iter().cloned());
     let spec = SpawnSpec { program: shared.cfg.engine_program.clone(), args };
     let (shared, id) = (shared.clone(), id.clone());
@@ -509,7 +529,12 @@ async fn run_engine(shared: Arc<Shared>, id: ModelId, generation: u64, spec: Spa
     let child = match shared.spawner.spawn(spec).await {
         Ok(c) => c,
         Err(e) => {
-            let info = ExitInfo { code: None, signal: None, at: child::unix_secs(), stderr_tail: vec![format!("spawn failed: {e}")] };
+            let info = ExitInfo {
+                code: None,
+                signal: None,
+                at: child::unix_secs(),
+                stderr_tail: vec![format!("spawn failed: {e}")],
+            };
             on_exit(&shared, &id, generation, info);
             return;
         }
@@ -530,13 +555,12 @@ async fn run_engine(shared: Arc<Shared>, id: ModelId, generation: u64, spec: Spa
         }
     }
     let pid = w.pid;
+    // The first event is the ready line or the exit (a closed channel without either
+    // cannot happen while the watcher lives; on_ready's health check would catch it).
     let load = tokio::time::timeout(shared.cfg.load_timeout, async {
-        loop {
-            match w.events.recv().await {
-                Some(ProcEvent::Ready(_)) => return None,
-                Some(ProcEvent::Exited(info)) => return Some(info),
-                None => return None,
-            }
+        match w.events.recv().await {
+            Some(ProcEvent::Exited(info)) => Some(info),
+            Some(ProcEvent::Ready(_)) | None => None,
         }
     })
     .await;
@@ -559,7 +583,8 @@ async fn on_ready(shared: &Arc<Shared>, id: &ModelId, generation: u64, socket: &
     // The ready line says the socket accepts; confirm end to end, then learn the card.
     let mut healthy = false;
     for _ in 0..50 {
-        if matches!(unix_http::call(socket, "GET", "/health", Bytes::new(), Duration::from_secs(2)).await, Ok((200, _))) {
+        if matches!(unix_http::call(socket, "GET", "/health", Bytes::new(), Duration::from_secs(2)).await, Ok((200, _)))
+        {
             healthy = true;
             break;
         }
@@ -598,10 +623,10 @@ fn on_exit(shared: &Arc<Shared>, id: &ModelId, generation: u64, mut info: ExitIn
     if let Some(p) = s.proc.take() {
         let _ = std::fs::remove_file(&p.socket);
     }
-    if info.stderr_tail.is_empty() {
-        if let Some(t) = &s.tail {
-            info.stderr_tail = t.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-        }
+    if info.stderr_tail.is_empty()
+        && let Some(t) = &s.tail
+    {
+        info.stderr_tail = t.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
     }
     let line = child::last_error_line(&info.stderr_tail).unwrap_or_else(|| "no output".into());
     let clean = s.stopping && (info.code == Some(0) || info.signal.is_some());
@@ -636,7 +661,10 @@ fn on_exit(shared: &Arc<Shared>, id: &ModelId, generation: u64, mut info: ExitIn
             _ => "unknown status".into(),
         };
         if looping {
-            let err = ApiError::new(ErrorKind::EngineCrashLoop, format!("model {id} keeps crashing ({how}); last output: {line}"));
+            let err = ApiError::new(
+                ErrorKind::EngineCrashLoop,
+                format!("model {id} keeps crashing ({how}); last output: {line}"),
+            );
             s.set(EngineState::Failed);
             s.failed_until = Some(now + policy::FAILED_COOLDOWN);
             s.failed_error = Some(err.clone());
@@ -645,7 +673,8 @@ fn on_exit(shared: &Arc<Shared>, id: &ModelId, generation: u64, mut info: ExitIn
             s.set(EngineState::Crashed);
             s.next_start = Some(now + policy::backoff(s.failures));
             if was_starting {
-                let err = ApiError::new(ErrorKind::EngineStartFailed, format!("model {id} failed to start ({how}): {line}"));
+                let err =
+                    ApiError::new(ErrorKind::EngineStartFailed, format!("model {id} failed to start ({how}): {line}"));
                 s.failed_start = Some((generation, err));
             }
         }
@@ -667,17 +696,23 @@ fn enforce(shared: &Arc<Shared>, keep: Option<&ModelId>) {
             .slots
             .iter()
             .filter(|(_, s)| matches!(s.state, EngineState::Starting | EngineState::Ready))
-            .map(|(k, s)| Resident { key: k.clone(), starting: s.state == EngineState::Starting, in_flight: s.in_flight, last_used: s.last_used, bytes: s.bytes() })
+            .map(|(k, s)| Resident {
+                key: k.clone(),
+                starting: s.state == EngineState::Starting,
+                in_flight: s.in_flight,
+                last_used: s.last_used,
+                bytes: s.bytes(),
+            })
             .collect();
         for id in policy::victims(&residents, keep, &Limits { cap: cfg.cap, memory_budget: cfg.memory_budget }) {
-            if let Some(s) = g.slots.get_mut(&id) {
-                if let Some(p) = &s.proc {
-                    stops.push((p.pid, p.socket.clone()));
-                    s.stopping = true;
-                    s.set(EngineState::Draining);
-                    shared.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(model = %id, "evicting least-recently-used idle engine");
-                }
+            if let Some(s) = g.slots.get_mut(&id)
+                && let Some(p) = &s.proc
+            {
+                stops.push((p.pid, p.socket.clone()));
+                s.stopping = true;
+                s.set(EngineState::Draining);
+                shared.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(model = %id, "evicting least-recently-used idle engine");
             }
         }
     }

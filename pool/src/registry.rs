@@ -72,7 +72,8 @@ pub fn entry(path: &Path) -> Result<ModelEntry, RegistryError> {
     }
     let stem = path.file_stem().and_then(|s| s.to_str()).ok_or_else(|| bad("file name is not UTF-8".into()))?;
     let id = ModelId::new(stem).map_err(|e| bad(e.to_string()))?;
-    let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+    let modified =
+        meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
     Ok(ModelEntry { id, path: path.to_owned(), bytes: meta.len(), modified })
 }
 

@@ -16,7 +16,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
 /// Environment variables an engine inherits; everything else is cleared.
-pub const ENV_ALLOW: &[&str] = &["RUST_LOG", "RUST_BACKTRACE", "CORRAL_THREADS", "CANDLE_NUM_THREADS", "HOME", "TMPDIR", "LANG"];
+pub const ENV_ALLOW: &[&str] =
+    &["RUST_LOG", "RUST_BACKTRACE", "CORRAL_THREADS", "CANDLE_NUM_THREADS", "HOME", "TMPDIR", "LANG"];
 
 #[derive(Clone, Debug)]
 pub struct SpawnSpec {

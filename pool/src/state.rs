@@ -97,7 +97,8 @@ mod tests {
         expect(Crashed, Stopped, true); // shutdown of a dead engine
         expect(Failed, Starting, true); // cooldown passed
         expect(Failed, Stopped, true); // shutdown
-        let allowed: Vec<_> = ALL.iter().flat_map(|&a| ALL.iter().map(move |&b| (a, b))).filter(|&(a, b)| can_transition(a, b)).collect();
+        let allowed: Vec<_> =
+            ALL.iter().flat_map(|&a| ALL.iter().map(move |&b| (a, b))).filter(|&(a, b)| can_transition(a, b)).collect();
         assert_eq!(allowed.len(), TRANSITIONS.len());
         for s in ALL {
             assert!(!can_transition(s, s), "{s:?} -> itself");

@@ -48,7 +48,13 @@ where
 }
 
 /// A small request with a whole-body response, bounded by `timeout`.
-pub async fn call(socket: &Path, method: &str, path: &str, body: Bytes, timeout: Duration) -> Result<(u16, Bytes), UnixHttpError> {
+pub async fn call(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<(u16, Bytes), UnixHttpError> {
     let name = socket.display().to_string();
     let fut = async {
         let mut tx = connect::<Full<Bytes>>(socket).await?;

@@ -100,7 +100,13 @@ impl Gateway {
     }
 
     pub fn engine_of(&self, model: &str) -> Value {
-        self.engine()["engines"].as_array().unwrap().iter().find(|e| e["model"] == model).cloned().unwrap_or(Value::Null)
+        self.engine()["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["model"] == model)
+            .cloned()
+            .unwrap_or(Value::Null)
     }
 
     pub fn stats(&self) -> Value {
@@ -147,7 +153,10 @@ pub fn alive(pid: u32) -> bool {
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state letter follows the parenthesised command name.
-        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_none_or(|st| st != "Z" && st != "X"),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_none_or(|st| st != "Z" && st != "X"),
         Err(_) => !std::path::Path::new("/proc/self").exists(),
     }
 }

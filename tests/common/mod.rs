@@ -79,5 +79,5 @@ pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
 }
 
 pub mod engine;
-pub mod http;
 pub mod gateway;
+pub mod http;

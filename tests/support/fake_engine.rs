@@ -35,7 +35,8 @@ fn main() {
     let model = arg(&args, "--model").expect("--model");
     let socket = arg(&args, "--socket").expect("--socket");
     let id = arg(&args, "--id").unwrap_or_else(|| "fake".into());
-    let cfg: Value = std::fs::read_to_string(&model).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(json!({}));
+    let cfg: Value =
+        std::fs::read_to_string(&model).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(json!({}));
     if let Some(line) = cfg["stderr"].as_str() {
         eprintln!("{line}");
     }
@@ -53,7 +54,10 @@ fn main() {
             }
         });
     } else {
-        let _ = signal_hook::flag::register(signal_hook::consts::SIGTERM, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let _ = signal_hook::flag::register(
+            signal_hook::consts::SIGTERM,
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        );
     }
     // Parent gone (stdin EOF): exit.
     std::thread::spawn(|| {
@@ -78,7 +82,11 @@ fn main() {
 }
 
 fn respond(s: &mut UnixStream, status: &str, ctype: &str, body: &str) {
-    let _ = write!(s, "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+    let _ = write!(
+        s,
+        "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
 }
 
 fn serve(mut stream: UnixStream, cfg: &Value, id: &str) {
@@ -112,12 +120,19 @@ fn serve(mut stream: UnixStream, cfg: &Value, id: &str) {
             let s = json!({"model": id, "pid": std::process::id(), "requests_total": REQUESTS.load(Ordering::Relaxed), "fake": true});
             respond(&mut stream, "200 OK", "application/json", &s.to_string());
         }
-        ("POST", "/admin/drain") => respond(&mut stream, "200 OK", "application/json", r#"{"drained":true,"demotions":0,"cancelled":0}"#),
+        ("POST", "/admin/drain") => {
+            respond(&mut stream, "200 OK", "application/json", r#"{"drained":true,"demotions":0,"cancelled":0}"#)
+        }
         ("POST", "/v1/chat/completions" | "/v1/completions") => {
             REQUESTS.fetch_add(1, Ordering::Relaxed);
             generate(&mut stream, cfg, id, &req);
         }
-        _ => respond(&mut stream, "404 Not Found", "application/json", r#"{"error":{"message":"no route","type":"invalid_request_error","param":null,"code":"not_found"}}"#),
+        _ => respond(
+            &mut stream,
+            "404 Not Found",
+            "application/json",
+            r#"{"error":{"message":"no route","type":"invalid_request_error","param":null,"code":"not_found"}}"#,
+        ),
     }
 }
 
