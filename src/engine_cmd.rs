@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use corral_engine::cache::{CacheConfig, SsdConfig};
 use corral_engine::server::{ServeError, ServerConfig, ServerDefaults};
 use corral_engine::{Engine, threads};
 use corral_protocol::ModelId;
@@ -57,6 +58,61 @@ pub struct EngineArgs {
     /// Compute threads (default: physical cores).
     #[arg(long, env = "CORRAL_THREADS")]
     threads: Option<usize>,
+    /// Keep prompt-cache entries on disk in this directory (SSD tier; off by default
+    /// for a bare engine, on by default under `corral serve`).
+    #[arg(long, value_name = "DIR")]
+    ssd_cache: Option<PathBuf>,
+    #[command(flatten)]
+    cache: CacheArgs,
+}
+
+/// Prompt-cache flags (shared by `engine` and `serve`, which passes them on).
+#[derive(Args, Clone, Debug)]
+pub struct CacheArgs {
+    /// RAM for the prompt cache, in GB (0 turns the prompt cache off).
+    #[arg(long, value_name = "GB", default_value_t = 8.0, env = "CORRAL_PROMPT_CACHE")]
+    pub prompt_cache: f64,
+    /// SSD cap, in GB.
+    #[arg(long, value_name = "GB", default_value_t = 32.0, env = "CORRAL_SSD_CACHE_MAX")]
+    pub ssd_cache_max: f64,
+    /// Check every tensor checksum on every restore (default: once per file per process).
+    #[arg(long)]
+    pub ssd_cache_verify: bool,
+    /// Entries unused this many seconds leave RAM for the SSD tier.
+    #[arg(long, value_name = "SEC", default_value_t = 300)]
+    pub ssd_demote_idle: u64,
+    /// Idle milliseconds after a request before new entries are written behind.
+    #[arg(long, value_name = "MS", default_value_t = 2000, hide = true)]
+    pub ssd_write_behind_ms: u64,
+}
+
+impl CacheArgs {
+    pub fn config(&self, ssd_dir: Option<PathBuf>) -> CacheConfig {
+        CacheConfig {
+            ram_bytes: (self.prompt_cache.max(0.0) * 1e9) as u64,
+            ssd: ssd_dir.map(|dir| SsdConfig { dir, max_bytes: (self.ssd_cache_max.max(0.0) * 1e9) as u64, verify: self.ssd_cache_verify }),
+            demote_idle: Duration::from_secs(self.ssd_demote_idle),
+            write_behind_after: Duration::from_millis(self.ssd_write_behind_ms),
+        }
+    }
+
+    /// The same flags as `corral engine` arguments.
+    pub fn to_engine_args(&self) -> Vec<String> {
+        let mut v = vec![
+            "--prompt-cache".into(),
+            self.prompt_cache.to_string(),
+            "--ssd-cache-max".into(),
+            self.ssd_cache_max.to_string(),
+            "--ssd-demote-idle".into(),
+            self.ssd_demote_idle.to_string(),
+            "--ssd-write-behind-ms".into(),
+            self.ssd_write_behind_ms.to_string(),
+        ];
+        if self.ssd_cache_verify {
+            v.push("--ssd-cache-verify".into());
+        }
+        v
+    }
 }
 
 /// Runs the engine; returns the process exit code.
@@ -94,6 +150,7 @@ pub fn engine(args: EngineArgs) -> u8 {
         },
         shutdown_timeout: Duration::from_millis(args.shutdown_timeout_ms),
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+        cache: args.cache.config(args.ssd_cache.clone()),
     };
     match corral_engine::server::run(engine, cfg, load_ms) {
         Ok(()) => 0,

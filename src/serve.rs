@@ -85,6 +85,14 @@ pub struct ServeArgs {
     /// SIGTERM → SIGKILL deadline for engines.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     stop_timeout: Duration,
+    /// Prompt-cache directory (SSD tier) for every engine (default <user cache dir>/corral/kv).
+    #[arg(long, value_name = "DIR", env = "CORRAL_SSD_CACHE")]
+    ssd_cache: Option<PathBuf>,
+    /// Keep prompt caches in RAM only: an evicted engine's cache is lost.
+    #[arg(long, conflicts_with = "ssd_cache")]
+    no_ssd_cache: bool,
+    #[command(flatten)]
+    cache: crate::engine_cmd::CacheArgs,
     /// The engine executable (default: this binary). For tests.
     #[arg(long, hide = true, env = "CORRAL_ENGINE_BIN")]
     engine_bin: Option<PathBuf>,
@@ -183,6 +191,11 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     pass("--top-k", args.top_k.map(|v| v.to_string()));
     pass("--max-tokens", args.max_tokens.map(|v| v.to_string()));
     pass("--threads", args.threads.map(|v| v.to_string()));
+    if !args.no_ssd_cache {
+        let dir = args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir);
+        pass("--ssd-cache", Some(dir.display().to_string()));
+    }
+    engine_args.extend(args.cache.to_engine_args().into_iter().map(OsString::from));
     let engine_program = match &args.engine_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locating the corral binary")?,

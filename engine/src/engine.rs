@@ -29,13 +29,39 @@ pub struct Engine {
     pub template: Option<ChatTemplate>,
     pub file_bytes: u64,
     pub load_time: Duration,
+    /// BLAKE3 of the whole model file (weights, config and tokenizer): the identity of
+    /// this model's prompt-cache files.
+    pub fingerprint: [u8; 32],
+    pub tokenizer_hash: [u8; 32],
+}
+
+/// Mixed into the fingerprint so that a change in how KV values are computed or laid
+/// out gives old cache files another directory.
+fn file_kv_version_tag() -> [u8; 8] {
+    let mut t = [0u8; 8];
+    t[..4].copy_from_slice(&crate::cache::file::KV_LAYOUT_VERSION.to_le_bytes());
+    t[4..6].copy_from_slice(&crate::cache::file::FORMAT_VERSION.to_le_bytes());
+    t
 }
 
 impl Engine {
     pub fn load(path: &Path) -> Result<Self> {
         let start = Instant::now();
         let g = Gguf::open(path)?;
-        let model = Model::load(&g)?;
+        // Hash the file on a second thread while the model loads (it reads the same
+        // mapped pages).
+        let (model, fingerprint) = std::thread::scope(|s| {
+            let hasher = s.spawn(|| {
+                let mut h = blake3::Hasher::new();
+                h.update(&file_kv_version_tag());
+                h.update(g.bytes());
+                *h.finalize().as_bytes()
+            });
+            let model = Model::load(&g);
+            (model, hasher.join().expect("hashing does not panic"))
+        });
+        let model = model?;
+        let tokenizer_hash = g.tokenizer_hash();
         let tokenizer = Tokenizer::from_gguf(&g)?;
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
         let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
@@ -69,7 +95,18 @@ impl Engine {
             template,
             file_bytes,
             load_time: start.elapsed(),
+            fingerprint,
+            tokenizer_hash,
         })
+    }
+
+    /// What this model's prompt-cache files must match.
+    pub fn cache_identity(&self) -> crate::cache::Identity {
+        crate::cache::Identity {
+            model_fingerprint: self.fingerprint,
+            tokenizer_hash: self.tokenizer_hash,
+            shape: self.model.kv_shape(),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {

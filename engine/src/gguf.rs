@@ -88,6 +88,24 @@ impl Gguf {
         &self.path
     }
 
+    /// The whole file (for fingerprinting).
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// BLAKE3 over the tokenizer's metadata (`tokenizer.ggml.*`, keys in order).
+    pub fn tokenizer_hash(&self) -> [u8; 32] {
+        let mut keys: Vec<&String> =
+            self.content.metadata.keys().filter(|k| k.starts_with("tokenizer.ggml.")).collect();
+        keys.sort();
+        let mut h = blake3::Hasher::new();
+        for k in keys {
+            h.update(k.as_bytes());
+            h.update(format!("{:?}", self.content.metadata[k]).as_bytes());
+        }
+        *h.finalize().as_bytes()
+    }
+
     pub fn file_len(&self) -> u64 {
         self.map.len() as u64
     }

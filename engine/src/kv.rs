@@ -164,6 +164,38 @@ impl SeqCache {
     pub fn blocks(&self) -> &[Arc<KvBlock>] {
         &self.blocks
     }
+
+    /// K (`which` 0) or V (1) of one layer for positions `0..len`, as contiguous runs of
+    /// `[positions][kv_dim]`, one per block (for persistence).
+    pub fn runs(&self, layer: usize, which: usize) -> impl Iterator<Item = &[f16]> + '_ {
+        let d = self.shape.kv_dim;
+        self.blocks.iter().enumerate().map(move |(b, blk)| {
+            let n = (self.len - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+            &blk.plane(&self.shape, layer, which)[..n * d]
+        })
+    }
+
+    /// A sequence of `n` positions whose K and V come from `fill(layer, which, pos0, dst)`,
+    /// which writes positions `pos0..pos0 + dst.len() / kv_dim` (the inverse of `runs`).
+    pub fn from_runs<E>(
+        shape: KvShape,
+        n: usize,
+        mut fill: impl FnMut(usize, usize, usize, &mut [f16]) -> Result<(), E>,
+    ) -> Result<SeqCache, E> {
+        let d = shape.kv_dim;
+        let mut blocks = Vec::with_capacity(n.div_ceil(BLOCK_TOKENS));
+        for b in 0..n.div_ceil(BLOCK_TOKENS) {
+            let rows = (n - b * BLOCK_TOKENS).min(BLOCK_TOKENS);
+            let mut blk = KvBlock::new(&shape);
+            for layer in 0..shape.n_layers {
+                for which in 0..2 {
+                    fill(layer, which, b * BLOCK_TOKENS, &mut blk.plane_mut(&shape, layer, which)[..rows * d])?;
+                }
+            }
+            blocks.push(Arc::new(blk));
+        }
+        Ok(SeqCache { shape, blocks, len: n })
+    }
 }
 
 #[cfg(test)]
@@ -227,6 +259,28 @@ mod tests {
         assert_eq!(key(&b, 0, 40), vec![9.0; 4]);
         assert_eq!(key(&a, 0, 40), vec![160.0, 161.0, 162.0, 163.0]);
         assert_eq!(key(&b, 0, 39), key(&a, 0, 39));
+    }
+
+    #[test]
+    fn runs_round_trip_through_from_runs() {
+        let a = filled(70);
+        let runs: Vec<Vec<Vec<f16>>> = (0..2)
+            .flat_map(|l| (0..2).map(move |w| (l, w)))
+            .map(|(l, w)| a.runs(l, w).map(<[f16]>::to_vec).collect())
+            .collect();
+        assert_eq!(runs[0].iter().map(Vec::len).collect::<Vec<_>>(), vec![128, 128, 24]);
+        let flat: Vec<Vec<f16>> = runs.iter().map(|r| r.concat()).collect();
+        let b = SeqCache::from_runs::<()>(SHAPE, 50, |layer, which, pos0, dst| {
+            dst.copy_from_slice(&flat[layer * 2 + which][pos0 * 4..pos0 * 4 + dst.len()]);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(b.len(), 50);
+        for pos in [0, 31, 32, 49] {
+            assert_eq!(key(&b, 1, pos), key(&a, 1, pos));
+        }
+        let (_, v) = b.block_kv(0, 1);
+        assert_eq!(v[4].to_f32(), -(32.0 * 4.0 + 4.0));
     }
 
     #[test]

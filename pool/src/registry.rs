@@ -35,6 +35,21 @@ pub fn default_models_dir() -> PathBuf {
     }
 }
 
+/// The user's cache directory: `$XDG_CACHE_HOME`, else `~/Library/Caches` on macOS,
+/// else `~/.cache`.
+pub fn user_cache_dir() -> PathBuf {
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ if cfg!(target_os = "macos") => home().join("Library").join("Caches"),
+        _ => home().join(".cache"),
+    }
+}
+
+/// Where `corral serve` keeps prompt-cache files by default.
+pub fn default_kv_dir() -> PathBuf {
+    user_cache_dir().join("corral").join("kv")
+}
+
 fn home() -> PathBuf {
     std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
 }

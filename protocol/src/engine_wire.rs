@@ -64,4 +64,11 @@ pub struct EngineStats {
     /// Exponential moving averages (weight 0.2 for the newest request).
     pub avg: Averages,
     pub memory: Memory,
+    /// `{entries, bytes, max_bytes, hits, misses, hit_tokens}` (see docs/api.md).
+    #[serde(default)]
+    pub prompt_cache: serde_json::Value,
+    /// `{dir, usable, error, entries, bytes, max_bytes, restores, restore_ms_last, spills,
+    /// demotions, failed_spills, rejected_files}`, or null when the SSD tier is off.
+    #[serde(default)]
+    pub ssd_cache: serde_json::Value,
 }

@@ -39,13 +39,16 @@ impl Gateway {
         Self::start_in(dir, args)
     }
 
+    /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv`, never to the
+    /// user's cache directory.
     pub fn start_in(dir: TempDir, args: &[&str]) -> Self {
         let run = dir.path().join("run");
-        let mut child = Command::new(super::bin())
-            .arg("serve")
-            .args(["--port", "0", "--runtime-dir"])
-            .arg(&run)
-            .args(args)
+        let mut cmd = Command::new(super::bin());
+        cmd.arg("serve").args(["--port", "0", "--runtime-dir"]).arg(&run).args(args);
+        if !args.iter().any(|a| *a == "--ssd-cache" || *a == "--no-ssd-cache") {
+            cmd.arg("--ssd-cache").arg(dir.path().join("kv"));
+        }
+        let mut child = cmd
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -26,6 +26,7 @@ use crate::generate::{FinishReason, TokenOut};
 pub struct App {
     pub engine: Arc<Engine>,
     pub worker: Worker,
+    pub cache: Arc<crate::cache::PromptCache>,
     pub stats: Arc<Stats>,
     pub model_id: String,
     pub ctx: usize,
@@ -62,7 +63,7 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let allowed: &[Method] = match path.as_str() {
         "/health" | "/v1/models" | "/admin/stats" => &[Method::GET],
-        "/v1/chat/completions" | "/v1/completions" | "/admin/drain" => &[Method::POST],
+        "/v1/chat/completions" | "/v1/completions" | "/admin/drain" | "/admin/cache/flush" => &[Method::POST],
         _ => return error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),
     };
     if !allowed.contains(&method) {
@@ -75,10 +76,11 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
         "/health" => json_response(r#"{"status":"ok"}"#.into()),
         "/v1/models" => json_response(serde_json::to_string(&models(&app)).unwrap_or_default()),
         "/admin/stats" => json_response(
-            serde_json::to_string(&app.stats.snapshot(&app.model_id, app.max_queue, app.engine.file_bytes))
+            serde_json::to_string(&app.stats.snapshot(&app.model_id, app.max_queue, app.engine.file_bytes, &app.cache))
                 .unwrap_or_default(),
         ),
         "/admin/drain" => drain(&app, &req).await,
+        "/admin/cache/flush" => flush(&app).await,
         "/v1/chat/completions" => generate(app.clone(), req, Route::Chat).await,
         _ => generate(app.clone(), req, Route::Completion).await,
     }
@@ -292,7 +294,28 @@ async fn drain(app: &App, req: &Request<Incoming>) -> Response<Body> {
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(app.default_drain, Duration::from_millis);
     let cancelled = drain_now(app, timeout).await;
-    json_response(serde_json::to_string(&DrainResponse { drained: true, demotions: 0, cancelled }).unwrap_or_default())
+    let demotions = demote_all(app).await;
+    json_response(serde_json::to_string(&DrainResponse { drained: true, demotions, cancelled }).unwrap_or_default())
+}
+
+/// Move every prompt-cache entry to the SSD tier (after a drain); returns how many are
+/// now on disk.
+pub async fn demote_all(app: &App) -> usize {
+    let cache = app.cache.clone();
+    let report = tokio::task::spawn_blocking(move || cache.flush(true)).await;
+    report.map_or(0, |r| {
+        tracing::info!(written = r.written, durable = r.durable, failed = r.failed, "prompt cache demoted");
+        r.durable
+    })
+}
+
+/// `POST /admin/cache/flush`: make every RAM entry durable on disk; entries stay in RAM.
+async fn flush(app: &App) -> Response<Body> {
+    let cache = app.cache.clone();
+    match tokio::task::spawn_blocking(move || cache.flush(false)).await {
+        Ok(r) => json_response(serde_json::to_string(&r).unwrap_or_default()),
+        Err(e) => error_response(&ApiError::new(ErrorKind::Internal, format!("flush failed: {e}"))),
+    }
 }
 
 /// Stop admitting work and wait (up to `timeout`) for the queue and the running request;

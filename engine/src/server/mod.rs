@@ -44,6 +44,7 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// Default deadline of `POST /admin/drain`.
     pub drain_timeout: Duration,
+    pub cache: crate::cache::CacheConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,12 +65,15 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let listener = socket::bind(&cfg.socket)?;
     let engine = Arc::new(engine);
     let stats = Arc::new(stats::Stats::new());
-    let worker = worker::Worker::spawn(engine.clone(), cfg.ctx, cfg.max_queue, stats.clone())?;
+    let cache =
+        crate::cache::PromptCache::new(cfg.cache.clone(), engine.model.kv_shape(), Some(engine.cache_identity()));
+    let worker = worker::Worker::spawn(engine.clone(), cache.clone(), cfg.ctx, cfg.max_queue, stats.clone())?;
     let model_defaults = model_defaults(&engine);
     let app = Arc::new(http::App {
         defaults: requests::EffectiveDefaults::new(&cfg.defaults, &model_defaults),
         engine,
         worker,
+        cache,
         stats,
         model_id: cfg.model_id.clone(),
         ctx: cfg.ctx,
@@ -144,7 +148,8 @@ async fn serve(
                         tracing::info!("signal: draining, then exiting");
                         tokio::select! {
                             left = http::drain_now(&app, cfg.shutdown_timeout) => {
-                                tracing::info!(cancelled = left, "drained");
+                                let demoted = http::demote_all(&app).await;
+                                tracing::info!(cancelled = left, demoted, "drained");
                             }
                             _ = stop_rx.recv() => tracing::warn!("second stop request: exiting now"),
                         }

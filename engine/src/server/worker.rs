@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use super::stats::Stats;
 use crate::Engine;
+use crate::cache::{PromptCache, Source};
 use crate::generate::{FinishReason, GenerateParams, Observer, Outcome, TokenOut, generate};
 
 /// What a handler receives, in order: tokens, then exactly one `Done` or `Failed`.
@@ -31,23 +32,33 @@ pub struct Job {
 
 pub struct Worker {
     queue: mpsc::Sender<Job>,
+    cache: Arc<PromptCache>,
     stats: Arc<Stats>,
     /// Set to cut every running and queued request (drain deadline, parent gone).
     pub cancel_all: Arc<AtomicBool>,
 }
 
 impl Worker {
-    pub fn spawn(engine: Arc<Engine>, ctx: usize, max_queue: usize, stats: Arc<Stats>) -> std::io::Result<Self> {
+    pub fn spawn(
+        engine: Arc<Engine>,
+        cache: Arc<PromptCache>,
+        ctx: usize,
+        max_queue: usize,
+        stats: Arc<Stats>,
+    ) -> std::io::Result<Self> {
         let (queue, rx) = mpsc::channel(max_queue.max(1));
         let cancel_all = Arc::new(AtomicBool::new(false));
         let (st, cancel) = (stats.clone(), cancel_all.clone());
-        std::thread::Builder::new().name("generate".into()).spawn(move || run(engine, ctx, rx, st, cancel))?;
-        Ok(Self { queue, stats, cancel_all })
+        let cache_handle = cache.clone();
+        std::thread::Builder::new().name("generate".into()).spawn(move || run(engine, cache, ctx, rx, st, cancel))?;
+        Ok(Self { queue, cache: cache_handle, stats, cancel_all })
     }
 
     /// Queue a job, or refuse it at once when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         self.stats.queue_depth.fetch_add(1, Ordering::Relaxed);
+        // Background cache writes yield from the moment a request is queued.
+        self.cache.set_busy(true);
         self.queue.try_send(job).map_err(|e| {
             self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
             match e {
@@ -83,34 +94,53 @@ impl Observer for Sink<'_> {
     }
 }
 
-fn run(engine: Arc<Engine>, ctx: usize, mut rx: mpsc::Receiver<Job>, stats: Arc<Stats>, cancel_all: Arc<AtomicBool>) {
+fn run(
+    engine: Arc<Engine>,
+    pc: Arc<PromptCache>,
+    ctx: usize,
+    mut rx: mpsc::Receiver<Job>,
+    stats: Arc<Stats>,
+    cancel_all: Arc<AtomicBool>,
+) {
     while let Some(job) = rx.blocking_recv() {
-        stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
-        if job.events.is_closed() || cancel_all.load(Ordering::Relaxed) {
-            stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
-            let _ =
-                job.events.blocking_send(Event::Failed(ApiError::new(ErrorKind::EngineDraining, "request cancelled")));
-            continue;
+        pc.set_busy(true);
+        run_one(&engine, &pc, ctx, job, &stats, &cancel_all);
+        if stats.queue_depth.load(Ordering::SeqCst) == 0 {
+            pc.set_busy(false);
         }
-        stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let mut cache = engine.model.new_cache();
-        let mut sink = Sink { events: &job.events, stats: &stats, cancel_all: &cancel_all };
-        let result = generate(&engine.model, &engine.tokenizer, &mut cache, &job.prompt, &job.params, ctx, &mut sink);
-        stats.in_flight.fetch_sub(1, Ordering::Relaxed);
-        match result {
-            Ok(outcome) => {
-                stats.record(&outcome);
-                if outcome.finish == FinishReason::Cancelled {
-                    stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(generated = outcome.tokens.len(), "request cancelled");
-                }
-                let _ = job.events.blocking_send(Event::Done(outcome));
+    }
+}
+
+fn run_one(engine: &Engine, pc: &PromptCache, ctx: usize, job: Job, stats: &Stats, cancel_all: &AtomicBool) {
+    stats.queue_depth.fetch_sub(1, Ordering::SeqCst);
+    if job.events.is_closed() || cancel_all.load(Ordering::Relaxed) {
+        stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.blocking_send(Event::Failed(ApiError::new(ErrorKind::EngineDraining, "request cancelled")));
+        return;
+    }
+    stats.in_flight.fetch_add(1, Ordering::Relaxed);
+    let (mut cache, source) =
+        if job.prompt.len() < ctx { pc.prepare(&job.prompt) } else { (engine.model.new_cache(), Source::Miss) };
+    tracing::debug!(cached = cache.len(), source = ?source, "prompt cache");
+    let mut sink = Sink { events: &job.events, stats, cancel_all };
+    let result = generate(&engine.model, &engine.tokenizer, &mut cache, &job.prompt, &job.params, ctx, &mut sink);
+    stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+    match result {
+        Ok(outcome) => {
+            let mut seen = job.prompt.clone();
+            seen.extend_from_slice(&outcome.tokens);
+            pc.store(&seen, cache);
+            stats.record(&outcome);
+            if outcome.finish == FinishReason::Cancelled {
+                stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(generated = outcome.tokens.len(), "request cancelled");
             }
-            Err(e) => {
-                stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "generation failed");
-                let _ = job.events.blocking_send(Event::Failed(ApiError::new(ErrorKind::Internal, e.to_string())));
-            }
+            let _ = job.events.blocking_send(Event::Done(outcome));
+        }
+        Err(e) => {
+            stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "generation failed");
+            let _ = job.events.blocking_send(Event::Failed(ApiError::new(ErrorKind::Internal, e.to_string())));
         }
     }
 }

@@ -1,0 +1,257 @@
+//! The prompt cache: prefix KV kept in RAM (`ram`), demoted to and restored from an
+//! SSD tier (`ssd`, files in the `file` format), with a background writer (`writer`).
+//!
+//! The generation thread calls `prepare` before a request (the longest cached prefix
+//! of its prompt: a RAM fork, else a restore from disk) and `store` after it (the
+//! prompt plus completion it computed). Everything that touches the disk in the
+//! background pauses while a request runs.
+
+pub mod file;
+pub mod ram;
+pub mod ssd;
+mod writer;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::kv::{KvShape, SeqCache};
+pub use file::Identity;
+pub use ssd::SsdConfig;
+
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// RAM tier cap in bytes; 0 disables the prompt cache (and the SSD tier with it).
+    pub ram_bytes: u64,
+    pub ssd: Option<SsdConfig>,
+    /// Entries unused this long leave RAM for the SSD tier.
+    pub demote_idle: Duration,
+    /// Idle time after a request before the write-behind snapshots new entries.
+    pub write_behind_after: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            ram_bytes: 8_000_000_000,
+            ssd: None,
+            demote_idle: Duration::from_secs(300),
+            write_behind_after: Duration::from_secs(2),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Miss,
+    Ram,
+    Ssd,
+}
+
+#[derive(Default)]
+struct RamCounters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    hit_tokens: AtomicU64,
+}
+
+pub struct PromptCache {
+    shape: KvShape,
+    ram: Mutex<ram::RamCache>,
+    ssd: Option<ssd::SsdTier>,
+    counters: RamCounters,
+    /// A request is running or queued: background writes wait.
+    busy: AtomicBool,
+    last_activity: Mutex<Instant>,
+    cfg: CacheConfig,
+    spill_tx: Mutex<Option<std::sync::mpsc::Sender<writer::Spill>>>,
+}
+
+#[derive(Serialize)]
+pub struct FlushReport {
+    /// Files written by this call.
+    pub written: usize,
+    /// RAM entries that are now on disk.
+    pub durable: usize,
+    /// RAM entries that could not be written (SSD off, disk full, ...).
+    pub failed: usize,
+    pub bytes: u64,
+}
+
+impl PromptCache {
+    /// A cache for a model with KV shape `shape`; `identity` must be given when the
+    /// SSD tier is on. Starts the background writer.
+    pub fn new(cfg: CacheConfig, shape: KvShape, identity: Option<Identity>) -> Arc<Self> {
+        let ssd = match (&cfg.ssd, identity) {
+            (Some(s), Some(id)) if cfg.ram_bytes > 0 => Some(ssd::SsdTier::open(s, id)),
+            _ => None,
+        };
+        let cache = Arc::new(Self {
+            shape,
+            ram: Mutex::new(ram::RamCache::new(cfg.ram_bytes)),
+            ssd,
+            counters: RamCounters::default(),
+            busy: AtomicBool::new(false),
+            last_activity: Mutex::new(Instant::now()),
+            cfg,
+            spill_tx: Mutex::new(None),
+        });
+        if cache.ssd.is_some() {
+            writer::start(&cache);
+        }
+        cache
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.cfg.ram_bytes > 0
+    }
+
+    fn ram(&self) -> MutexGuard<'_, ram::RamCache> {
+        self.ram.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn ssd(&self) -> Option<&ssd::SsdTier> {
+        self.ssd.as_ref()
+    }
+
+    /// Mark the start or end of request work (background writes pause meanwhile).
+    pub fn set_busy(&self, busy: bool) {
+        self.busy.store(busy, Ordering::SeqCst);
+        *self.last_activity.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_activity.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
+
+    /// The KV to start `prompt` from: the longest cached prefix (always leaving one
+    /// prompt token to compute), from RAM or else from disk.
+    pub fn prepare(&self, prompt: &[u32]) -> (SeqCache, Source) {
+        let limit = prompt.len().saturating_sub(1);
+        if !self.enabled() || limit == 0 {
+            return (SeqCache::new(self.shape), Source::Miss);
+        }
+        let in_ram = self.ram().lookup(prompt, limit);
+        let ram_n = in_ram.as_ref().map_or(0, |(n, _)| *n);
+        if let Some(ssd) = &self.ssd
+            && let Some((name, n)) = ssd.lookup(prompt, limit)
+            && n > ram_n
+            && let Some(kv) = ssd.restore(&name, n)
+        {
+            // Keep the restored prefix in RAM too (it is on disk already).
+            let tokens: Arc<[u32]> = prompt[..kv.len()].into();
+            let file_tokens_match = ssd.covers(&tokens);
+            let out = self.ram().insert(tokens, kv.clone(), file_tokens_match);
+            self.spill(out);
+            return (kv, Source::Ssd);
+        }
+        match in_ram {
+            Some((n, kv)) => {
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                self.counters.hit_tokens.fetch_add(n as u64, Ordering::Relaxed);
+                (kv, Source::Ram)
+            }
+            None => {
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                (SeqCache::new(self.shape), Source::Miss)
+            }
+        }
+    }
+
+    /// Keep the KV a request computed: `tokens` are the prompt and completion tokens,
+    /// of which the first `kv.len()` have KV.
+    pub fn store(&self, tokens: &[u32], kv: SeqCache) {
+        if !self.enabled() || kv.is_empty() {
+            return;
+        }
+        let tokens: Arc<[u32]> = tokens[..kv.len()].into();
+        let out = self.ram().insert(tokens, kv, false);
+        self.spill(out);
+    }
+
+    /// Hand entries pushed out of RAM to the writer (they are demotions).
+    fn spill(&self, out: Vec<ram::Entry>) {
+        if out.is_empty() {
+            return;
+        }
+        let tx = self.spill_tx.lock().unwrap_or_else(|e| e.into_inner());
+        for e in out {
+            if e.durable {
+                continue;
+            }
+            if let Some(tx) = tx.as_ref() {
+                let _ = tx.send(writer::Spill { tokens: e.tokens, kv: e.kv });
+            }
+        }
+    }
+
+    /// Write every RAM entry not yet on disk, now (no pausing). With `demote`, the
+    /// entries also leave RAM (drain: the engine is about to stop).
+    pub fn flush(&self, demote: bool) -> FlushReport {
+        let mut report = FlushReport { written: 0, durable: 0, failed: 0, bytes: 0 };
+        let Some(ssd) = &self.ssd else {
+            report.failed = self.ram().len();
+            return report;
+        };
+        let before = ssd.counters.spills.load(Ordering::Relaxed);
+        let todo = self.ram().not_durable();
+        for (id, tokens, kv) in todo {
+            if ssd.write(&tokens, &kv, &mut || {}) {
+                self.ram().mark_durable(id);
+                report.bytes += kv.bytes() as u64;
+            } else {
+                report.failed += 1;
+            }
+        }
+        report.written = (ssd.counters.spills.load(Ordering::Relaxed) - before) as usize;
+        let mut ram = self.ram();
+        report.durable = ram.len().saturating_sub(report.failed);
+        if demote {
+            let gone = ram.clear();
+            ssd.counters.demotions.fetch_add(gone.len().saturating_sub(report.failed) as u64, Ordering::Relaxed);
+        }
+        report
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        let ram = self.ram();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let prompt = serde_json::json!({
+            "entries": ram.len(),
+            "bytes": ram.bytes(),
+            "max_bytes": self.cfg.ram_bytes,
+            "hits": ld(&self.counters.hits),
+            "misses": ld(&self.counters.misses),
+            "hit_tokens": ld(&self.counters.hit_tokens),
+        });
+        drop(ram);
+        let ssd = match &self.ssd {
+            None => serde_json::Value::Null,
+            Some(s) => {
+                let (entries, bytes) = s.entries();
+                let c = &s.counters;
+                serde_json::json!({
+                    "dir": s.dir.display().to_string(),
+                    "usable": s.unusable.is_none(),
+                    "error": s.unusable,
+                    "entries": entries,
+                    "bytes": bytes,
+                    "max_bytes": s.max_bytes,
+                    "restores": ld(&c.restores),
+                    "restore_ms_last": ld(&c.restore_ms_last),
+                    "spills": ld(&c.spills),
+                    "demotions": ld(&c.demotions),
+                    "failed_spills": ld(&c.failed_spills),
+                    "rejected_files": ld(&c.rejected_files),
+                })
+            }
+        };
+        serde_json::json!({"prompt_cache": prompt, "ssd_cache": ssd})
+    }
+}
