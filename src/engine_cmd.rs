@@ -90,7 +90,11 @@ impl CacheArgs {
     pub fn config(&self, ssd_dir: Option<PathBuf>) -> CacheConfig {
         CacheConfig {
             ram_bytes: (self.prompt_cache.max(0.0) * 1e9) as u64,
-            ssd: ssd_dir.map(|dir| SsdConfig { dir, max_bytes: (self.ssd_cache_max.max(0.0) * 1e9) as u64, verify: self.ssd_cache_verify }),
+            ssd: ssd_dir.map(|dir| SsdConfig {
+                dir,
+                max_bytes: (self.ssd_cache_max.max(0.0) * 1e9) as u64,
+                verify: self.ssd_cache_verify,
+            }),
             demote_idle: Duration::from_secs(self.ssd_demote_idle),
             write_behind_after: Duration::from_millis(self.ssd_write_behind_ms),
         }
@@ -118,6 +122,11 @@ impl CacheArgs {
 /// Runs the engine; returns the process exit code.
 pub fn engine(args: EngineArgs) -> u8 {
     threads::init(args.threads);
+    // A cache file over a file-size limit must be a write error (the cache backs off),
+    // not a signal that kills the engine.
+    // SAFETY: installing SIG_IGN has no handler code to be unsafe about.
+    let _ =
+        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigIgn) };
     // A panic must end the process (the supervisor sees a crash, not a zombie engine).
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

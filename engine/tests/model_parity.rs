@@ -1,11 +1,21 @@
 //! Model forward against llama.cpp's greedy continuations (fixtures from
-//! scripts/oracle/run): teacher-forced argmax agreement and free-running greedy.
+//! scripts/oracle/run): teacher-forced argmax agreement and free-running greedy, with
+//! llama.cpp's own batch-dependent arithmetic and with corral's default batch-invariant
+//! arithmetic (llama.cpp's one-row path for every row); and the invariance itself: a
+//! prompt split anywhere gives bit-identical logits.
 
 mod common;
 
 use common::*;
 use corral_engine::gguf::Gguf;
+use corral_engine::kernels::Numerics;
 use corral_engine::model::{Logits, Model};
+
+fn load(model_file: &str, numerics: Numerics) -> Model {
+    let mut m = Model::load(&Gguf::open(&model_path(model_file)).unwrap()).unwrap();
+    m.set_numerics(numerics);
+    m
+}
 
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
@@ -33,6 +43,9 @@ struct Case {
     prompt: Vec<u32>,
     tokens: Vec<u32>,
     margins: Vec<f64>,
+    /// llama.cpp's greedy output when the prompt is fed one token at a time.
+    serial_tokens: Vec<u32>,
+    serial_margins: Vec<f64>,
 }
 
 fn cases(fixture_name: &str) -> Vec<Case> {
@@ -45,12 +58,14 @@ fn cases(fixture_name: &str) -> Vec<Case> {
             prompt: ids(&g["prompt_ids"]),
             tokens: ids(&g["tokens"]),
             margins: g["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
+            serial_tokens: ids(&g["serial_tokens"]),
+            serial_margins: g["serial_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect(),
         })
         .collect()
 }
 
 fn teacher_forced(model_file: &str, fixture_name: &str) {
-    let model = Model::load(&Gguf::open(&model_path(model_file)).unwrap()).unwrap();
+    let model = load(model_file, Numerics::LlamaCpp);
     let (mut agree, mut total) = (0, 0);
     let mut report = Vec::new();
     for case in cases(fixture_name) {
@@ -80,11 +95,16 @@ fn teacher_forced(model_file: &str, fixture_name: &str) {
     assert!(rate >= 0.98, "{model_file}: agreement {:.2}% < 98%", rate * 100.0);
 }
 
-fn free_running(model_file: &str, fixture_name: &str) {
-    let model = Model::load(&Gguf::open(&model_path(model_file)).unwrap()).unwrap();
+fn free_running(model_file: &str, fixture_name: &str, numerics: Numerics) {
+    let model = load(model_file, numerics);
     let mut exact = 0;
     let all = cases(fixture_name);
     for case in &all {
+        // Batched llama.cpp for its batch-dependent arithmetic, serial llama.cpp for ours.
+        let (want, margins) = match numerics {
+            Numerics::LlamaCpp => (&case.tokens, &case.margins),
+            Numerics::BatchInvariant => (&case.serial_tokens, &case.serial_margins),
+        };
         let mut cache = model.new_cache();
         let mut logits = prefill(&model, &mut cache, &case.prompt);
         let mut ours = Vec::new();
@@ -93,12 +113,12 @@ fn free_running(model_file: &str, fixture_name: &str) {
             ours.push(t);
             logits = model.forward(&[t], &mut cache, Logits::Last).unwrap();
         }
-        let ok = ours[..] == case.tokens[..32];
-        match ours.iter().zip(&case.tokens).position(|(a, b)| a != b) {
-            None => eprintln!("{model_file} {}: first 32 greedy tokens match", case.name),
+        let ok = ours[..] == want[..32];
+        match ours.iter().zip(want).position(|(a, b)| a != b) {
+            None => eprintln!("{model_file} {numerics:?} {}: first 32 greedy tokens match", case.name),
             Some(i) => eprintln!(
-                "{model_file} {}: greedy differs at token {i} (llama.cpp's margin there {})",
-                case.name, case.margins[i]
+                "{model_file} {numerics:?} {}: greedy differs at token {i} (llama.cpp's margin there {})",
+                case.name, margins[i]
             ),
         }
         exact += ok as usize;
@@ -123,10 +143,57 @@ fn gemma3_teacher_forced_agrees_with_llama_cpp() {
 
 #[test]
 fn smollm2_free_running_greedy_matches_llama_cpp() {
-    free_running(SMOLLM, "oracle-smollm2.json");
+    free_running(SMOLLM, "oracle-smollm2.json", Numerics::LlamaCpp);
 }
 
 #[test]
 fn gemma3_free_running_greedy_matches_llama_cpp() {
-    free_running(GEMMA, "oracle-gemma3.json");
+    free_running(GEMMA, "oracle-gemma3.json", Numerics::LlamaCpp);
+}
+
+#[test]
+fn smollm2_batch_invariant_greedy_matches_llama_cpp() {
+    free_running(SMOLLM, "oracle-smollm2.json", Numerics::BatchInvariant);
+}
+
+#[test]
+fn gemma3_batch_invariant_greedy_matches_llama_cpp() {
+    free_running(GEMMA, "oracle-gemma3.json", Numerics::BatchInvariant);
+}
+
+/// The property the prompt cache stands on: in the default arithmetic, where a prompt
+/// is split (cached prefix + computed rest, prefill chunks, or token by token) does not
+/// change a single bit of the logits.
+fn split_anywhere_is_bit_identical(model_file: &str, fixture_name: &str) {
+    let model = load(model_file, Numerics::BatchInvariant);
+    for case in cases(fixture_name).iter().take(3) {
+        let p = &case.prompt;
+        let mut whole_cache = model.new_cache();
+        let whole = model.forward(p, &mut whole_cache, Logits::Last).unwrap();
+        for split in [1, p.len() / 2, p.len() - 1] {
+            let mut cache = model.new_cache();
+            model.forward(&p[..split], &mut cache, Logits::None).unwrap();
+            let rest = model.forward(&p[split..], &mut cache, Logits::Last).unwrap();
+            assert!(rest == whole, "{model_file} {}: logits differ when split at {split}", case.name);
+        }
+        // Generated tokens' K/V (computed one at a time) equal a batch recomputation's.
+        let t = argmax(&whole);
+        let mut step = whole_cache.clone();
+        let next_step = model.forward(&[t], &mut step, Logits::Last).unwrap();
+        let mut with_t = p.clone();
+        with_t.push(t);
+        let mut cache = model.new_cache();
+        let next_batch = model.forward(&with_t, &mut cache, Logits::Last).unwrap();
+        assert!(next_step == next_batch, "{model_file} {}: decode and batch disagree", case.name);
+    }
+}
+
+#[test]
+fn smollm2_split_anywhere_is_bit_identical() {
+    split_anywhere_is_bit_identical(SMOLLM, "oracle-smollm2.json");
+}
+
+#[test]
+fn gemma3_split_anywhere_is_bit_identical() {
+    split_anywhere_is_bit_identical(GEMMA, "oracle-gemma3.json");
 }

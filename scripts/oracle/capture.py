@@ -6,9 +6,14 @@ For each model this writes engine/tests/fixtures/oracle-<model>.json with:
   chat:     [{messages, rendered, ids}]  the chat template rendered the way llama.cpp's
                              Python server renders it (jinja2, trim/lstrip blocks) or, for a
                              model without a template, llama.cpp's built-in one
-  greedy:   [{name, prompt_ids, tokens, margins}]  64 greedy (argmax) tokens after the
-                             prompt; margins = top1 - top2 logit at each step (small margins
-                             are where float noise may legitimately flip the argmax)
+  greedy:   [{name, prompt_ids, tokens, margins, serial_tokens, serial_margins}]
+                             64 greedy (argmax) tokens after the prompt; margins = top1 -
+                             top2 logit at each step (small margins are where float noise
+                             may legitimately flip the argmax). `tokens` evaluates the prompt
+                             in one batch (llama.cpp's batched kernels); `serial_tokens`
+                             feeds it one token at a time, so every row takes llama.cpp's
+                             one-row (vec-dot) arithmetic: corral's default, batch-invariant
+                             numerics reproduce that path.
 """
 import argparse
 import ctypes
@@ -194,9 +199,13 @@ class Oracle:
         assert 0 < n < len(buf), n
         return buf.raw[:n].decode("utf-8")
 
-    def greedy(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+    def greedy(self, prompt_ids: list[int], serial: bool = False) -> tuple[list[int], list[float]]:
         self.llm.reset()
-        self.llm.eval(prompt_ids)
+        if serial:
+            for t in prompt_ids:
+                self.llm.eval([t])
+        else:
+            self.llm.eval(prompt_ids)
         tokens, margins = [], []
         for _ in range(N_GREEDY):
             ptr = llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
@@ -241,6 +250,7 @@ def capture(path: Path, kind: str) -> dict:
             out["greedy"].append({"name": name, "prompt_ids": ids})
     for g in out["greedy"]:
         g["tokens"], g["margins"] = o.greedy(g["prompt_ids"])
+        g["serial_tokens"], g["serial_margins"] = o.greedy(g["prompt_ids"], serial=True)
         print(f"  {kind} {g['name']}: {len(g['prompt_ids'])} prompt tokens -> "
               f"{o.llm.detokenize(g['tokens']).decode('utf-8', 'replace')[:60]!r}")
     return out

@@ -41,7 +41,31 @@ impl EngineProc {
         extra: &[&str],
         dir: TempDir,
     ) -> Result<Self, (Option<ExitStatus>, String)> {
-        let mut child = Command::new(super::bin())
+        Self::start_with(model, socket, extra, dir, |_| {})
+    }
+
+    /// Start in a fresh private run dir (the caller keeps state such as the SSD cache
+    /// dir elsewhere), letting `configure` adjust the command first.
+    pub fn start_fresh(model: &std::path::Path, extra: &[&str], configure: impl FnOnce(&mut Command)) -> Self {
+        let dir = TempDir::new("engine");
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let socket = run.join("e.sock");
+        Self::start_with(model, &socket, extra, dir, configure)
+            .unwrap_or_else(|(code, err)| panic!("engine failed to start ({code:?}): {err}"))
+    }
+
+    pub fn start_with(
+        model: &std::path::Path,
+        socket: &std::path::Path,
+        extra: &[&str],
+        dir: TempDir,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Self, (Option<ExitStatus>, String)> {
+        let mut cmd = Command::new(super::bin());
+        configure(&mut cmd);
+        let mut child = cmd
             .arg("engine")
             .arg("--model")
             .arg(model)
@@ -116,6 +140,10 @@ impl EngineProc {
 
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
     }
 
     /// Wait for exit, up to `deadline`.

@@ -50,7 +50,7 @@ pub fn attention(cache: &SeqCache, layer: usize, pos0: usize, q: &[f32], spec: &
     let hd = spec.head_dim;
     let n_items = q.len() / hd;
     let t_len = n_items / spec.n_heads;
-    let order = if t_len > 1 { Order::Batched } else { Order::Single };
+    let order = if super::batched(t_len) { Order::Batched } else { Order::Single };
     let mut out = vec![0.0f32; q.len()];
     let work = n_items * (pos0 + t_len) * hd;
     parallel_chunks(&mut out, hd, work, |item, o| {

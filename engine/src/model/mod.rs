@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::kernels::Numerics;
 use crate::kv::{KvShape, SeqCache};
 
 /// Which rows of logits a forward pass should produce.
@@ -33,6 +34,7 @@ pub trait Architecture: Send + Sync {
 pub struct Model {
     config: Arc<ModelConfig>,
     arch: Arc<dyn Architecture>,
+    numerics: Numerics,
 }
 
 impl Model {
@@ -42,7 +44,16 @@ impl Model {
             Arch::Llama => Arc::new(llama::Llama::load(g, &config)?),
             Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(g, &config)?),
         };
-        Ok(Self { config: Arc::new(config), arch })
+        Ok(Self { config: Arc::new(config), arch, numerics: Numerics::default() })
+    }
+
+    /// Choose the kernels' arithmetic (see `Numerics`; batch-invariant by default).
+    pub fn set_numerics(&mut self, n: Numerics) {
+        self.numerics = n;
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -68,7 +79,7 @@ impl Model {
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::BadToken { id, vocab });
         }
-        self.arch.forward(tokens, cache, logits)
+        crate::kernels::with_numerics(self.numerics, || self.arch.forward(tokens, cache, logits))
     }
 }
 

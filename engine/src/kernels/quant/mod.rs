@@ -86,15 +86,17 @@ impl QuantMatMul {
             Weights::Q8_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| dot::q8_0_q8_0(w, a)),
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
-                let grouped = m - m % 4;
+                let grouped = if super::batched(m) { m - m % 4 } else { 0 };
                 let path = |r: usize| {
                     if r < grouped { Q4KPath::Gemm } else { Q4KPath::Gemv }
                 };
-                self.run(w, &q8k_rows_for_q4k(x, m), m, &mut out_t, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
+                self.run(w, &q8k_rows_for_q4k(x, m, grouped), m, &mut out_t, |w, a, r| {
+                    kquants::q4_k_q8_k(w, a, path(r))
+                })
             }
             Weights::Q6K(w) => {
                 // ggml takes its tiled K-quant path from 8 rows up.
-                let dot = if m >= 8 { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
+                let dot = if m >= 8 && super::batched(m) { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
                 self.run(w, &quantize_q8_k(x, Q8KSign::FirstMax), m, &mut out_t, |w, a, _| dot(w, a))
             }
         }
@@ -135,11 +137,11 @@ impl QuantMatMul {
     }
 }
 
-/// Q8_K activations for the repacked Q4_K kernels: rows in whole groups of four are
-/// quantized by ggml's 4-row routine, the remaining rows by the scalar one.
-fn q8k_rows_for_q4k(x: &[f32], m: usize) -> Vec<act::ActQ8K> {
+/// Q8_K activations for the Q4_K kernels: the first `grouped` rows (whole groups of
+/// four, for the repacked kernel) are quantized by ggml's 4-row routine, the rest by
+/// the scalar one.
+fn q8k_rows_for_q4k(x: &[f32], m: usize, grouped: usize) -> Vec<act::ActQ8K> {
     let k = x.len() / m;
-    let grouped = m - m % 4;
     let mut out = quantize_q8_k(&x[..grouped * k], Q8KSign::AnyPositiveMax);
     out.extend(quantize_q8_k(&x[grouped * k..], Q8KSign::FirstMax));
     out
