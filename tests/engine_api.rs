@@ -25,7 +25,10 @@ fn oracle(case: &str, n: usize) -> String {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/tests/fixtures/oracle-smollm2.json");
     let fx: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     let g = fx["greedy"].as_array().unwrap().iter().find(|g| g["name"] == case).unwrap();
-    let ids: Vec<u32> = g["tokens"].as_array().unwrap()[..n].iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    // The engine computes every row the way llama.cpp computes a one-token batch (batch-invariant
+    // numerics, docs/engine.md), so its greedy output is llama.cpp's serial greedy output.
+    let ids: Vec<u32> =
+        g["serial_tokens"].as_array().unwrap()[..n].iter().map(|v| v.as_u64().unwrap() as u32).collect();
     local().tokenizer.decode(&ids)
 }
 
