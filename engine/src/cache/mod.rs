@@ -149,6 +149,8 @@ impl PromptCache {
             let file_tokens_match = ssd.covers(&tokens);
             let out = self.ram().insert(tokens, kv.clone(), file_tokens_match);
             self.spill(out);
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            self.counters.hit_tokens.fetch_add(n as u64, Ordering::Relaxed);
             return (kv, Source::Ssd);
         }
         match in_ram {
