@@ -12,7 +12,6 @@ use std::time::Duration;
 use common::engine::EngineProc;
 use common::*;
 use corral_engine::cache::file::{self, Identity};
-use corral_engine::kv::KvShape;
 use serde_json::{Value, json};
 
 fn base_prompt() -> String {
@@ -23,15 +22,6 @@ fn base_prompt() -> String {
         "The old stone bridge has nine arches and was rebuilt after the flood of 1870.",
     ];
     (0..12).map(|i| facts[i % facts.len()]).collect::<Vec<_>>().join(" ")
-}
-
-fn identity_of(bytes: &[u8]) -> Identity {
-    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) as usize;
-    Identity {
-        model_fingerprint: bytes[16..48].try_into().unwrap(),
-        tokenizer_hash: bytes[48..80].try_into().unwrap(),
-        shape: KvShape { n_layers: u32_at(116), kv_dim: u32_at(120) },
-    }
 }
 
 fn files(dir: &std::path::Path) -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>) {
@@ -88,7 +78,7 @@ fn kill_9_while_writing_never_publishes_a_bad_file() {
         temps_seen += temp.len();
         for p in &published {
             let bytes = std::fs::read(p).unwrap();
-            let id = identity.get_or_insert_with(|| identity_of(&bytes));
+            let id = identity.get_or_insert_with(|| common::engine::kv_file_identity(&bytes));
             if let Err(why) = file::verify(p, id) {
                 panic!("iteration {i}: published file {} is invalid: {why}", p.display());
             }

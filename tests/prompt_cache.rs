@@ -10,7 +10,6 @@ use std::sync::OnceLock;
 use common::engine::EngineProc;
 use common::*;
 use corral_engine::cache::file::{self, Identity};
-use corral_engine::kv::KvShape;
 use serde_json::{Value, json};
 
 const SYSTEM: &str = "You are a careful assistant for a small bakery. You answer questions about bread, \
@@ -120,16 +119,6 @@ fn seed() -> &'static Seed {
     })
 }
 
-/// The identity written in a file's header.
-fn identity_of(bytes: &[u8]) -> Identity {
-    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) as usize;
-    Identity {
-        model_fingerprint: bytes[16..48].try_into().unwrap(),
-        tokenizer_hash: bytes[48..80].try_into().unwrap(),
-        shape: KvShape { n_layers: u32_at(116), kv_dim: u32_at(120) },
-    }
-}
-
 /// Place `bytes` as the seed's file in a fresh cache dir, start an engine on it, ask the
 /// seed's question: the answer must be right and uncached, one rejection counted.
 struct Case {
@@ -210,7 +199,7 @@ fn a_zero_filled_file_is_a_miss() {
 
 fn rewritten_with(case: &str, change: impl FnOnce(&mut Identity)) {
     let s = seed();
-    let real = identity_of(&s.bytes);
+    let real = common::engine::kv_file_identity(&s.bytes);
     let tmp = TempDir::new(case);
     let src = tmp.path().join(&s.name);
     std::fs::write(&src, &s.bytes).unwrap();

@@ -470,19 +470,21 @@ impl Pool {
     }
 }
 
-fn can_start_now(g: &Inner, id: &ModelId, bytes: u64, cfg: &PoolConfig) -> bool {
-    let residents: Vec<Resident<ModelId>> = g
-        .slots
-        .iter()
-        .filter(|(k, s)| *k != id && matches!(s.state, EngineState::Starting | EngineState::Ready))
-        .map(|(k, s)| Resident {
+/// Engines that hold (or are about to hold) memory, as the policy sees them.
+fn residents(g: &Inner) -> impl Iterator<Item = Resident<ModelId>> + '_ {
+    g.slots.iter().filter(|(_, s)| matches!(s.state, EngineState::Starting | EngineState::Ready)).map(|(k, s)| {
+        Resident {
             key: k.clone(),
             starting: s.state == EngineState::Starting,
             in_flight: s.in_flight,
             last_used: s.last_used,
             bytes: s.bytes(),
-        })
-        .collect();
+        }
+    })
+}
+
+fn can_start_now(g: &Inner, id: &ModelId, bytes: u64, cfg: &PoolConfig) -> bool {
+    let residents: Vec<Resident<ModelId>> = residents(g).filter(|r| r.key != *id).collect();
     policy::can_start(&residents, bytes, &Limits { cap: cfg.cap, memory_budget: cfg.memory_budget })
 }
 
@@ -692,18 +694,7 @@ fn enforce(shared: &Arc<Shared>, keep: Option<&ModelId>) {
         if g.shutting_down {
             return;
         }
-        let residents: Vec<Resident<ModelId>> = g
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s.state, EngineState::Starting | EngineState::Ready))
-            .map(|(k, s)| Resident {
-                key: k.clone(),
-                starting: s.state == EngineState::Starting,
-                in_flight: s.in_flight,
-                last_used: s.last_used,
-                bytes: s.bytes(),
-            })
-            .collect();
+        let residents: Vec<Resident<ModelId>> = residents(&g).collect();
         for id in policy::victims(&residents, keep, &Limits { cap: cfg.cap, memory_budget: cfg.memory_budget }) {
             if let Some(s) = g.slots.get_mut(&id)
                 && let Some(p) = &s.proc

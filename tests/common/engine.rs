@@ -165,3 +165,13 @@ impl Drop for EngineProc {
         let _ = self.child.wait();
     }
 }
+
+/// The identity written in a prompt-cache file's header (`docs/formats.md`).
+pub fn kv_file_identity(bytes: &[u8]) -> corral_engine::cache::file::Identity {
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) as usize;
+    corral_engine::cache::file::Identity {
+        model_fingerprint: bytes[16..48].try_into().unwrap(),
+        tokenizer_hash: bytes[48..80].try_into().unwrap(),
+        shape: corral_engine::kv::KvShape { n_layers: u32_at(116), kv_dim: u32_at(120) },
+    }
+}
