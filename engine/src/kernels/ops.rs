@@ -100,8 +100,10 @@ pub(crate) fn expf(x: f32) -> f32 {
         .mul_add(b, c(0x3d2b_9f17))
         .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
         .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
-    // scalef: j * 2^n with a single rounding (exact in f64, then one f32 rounding).
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // scalef: j * 2^n with a single rounding (exact in f64, then one f32 rounding). 2^n
+    // is built from its exponent bits: |n| <= 192 is always a normal f64.
+    let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * pow2) as f32
 }
 
 /// Which pairs of a head's dimensions rotate together.
