@@ -285,18 +285,35 @@ impl Order {
         }
     }
 
-    /// Combine `acc` (`[slot][dim]`) into one value per dim in ggml's order.
+    /// Combine `acc` (`[slot][dim]`) into one value per dim in ggml's order: per lane the
+    /// groups (Single: (0 + 2) + (1 + 3)), then `reduce16` across lanes — written as
+    /// whole-row operations over the dims so they vectorize.
     fn reduce_lanes(self, acc: &[f32], hd: usize, out: &mut [f32]) {
-        for (d, o) in out.iter_mut().enumerate() {
-            let lane = |grp: usize, l: usize| acc[(grp * LANES + l) * hd + d];
-            let mut x = [0.0f32; LANES];
-            for (l, xl) in x.iter_mut().enumerate() {
-                *xl = match self {
-                    Order::Batched => lane(0, l),
-                    Order::Single => (lane(0, l) + lane(2, l)) + (lane(1, l) + lane(3, l)),
-                };
+        let row = |slot: usize| &acc[slot * hd..][..hd];
+        let mut x = vec![0.0f32; LANES * hd]; // [lane][dim]
+        for (l, xl) in x.chunks_exact_mut(hd).enumerate() {
+            match self {
+                Order::Batched => xl.copy_from_slice(row(l)),
+                Order::Single => {
+                    let (a, b, c, d) = (row(l), row(LANES + l), row(2 * LANES + l), row(3 * LANES + l));
+                    for (i, o) in xl.iter_mut().enumerate() {
+                        *o = (a[i] + c[i]) + (b[i] + d[i]);
+                    }
+                }
             }
-            *o = reduce16(&x);
+        }
+        // reduce16 lane-wise: t3[i] = x[i + 8] + x[i], t6[i] = t3[i + 4] + t3[i],
+        // out = (t6[0] + t6[2]) + (t6[1] + t6[3]).
+        let (lo, hi) = x.split_at_mut(8 * hd);
+        for (a, b) in lo.iter_mut().zip(hi.iter()) {
+            *a = *b + *a;
+        }
+        let (lo, hi) = lo.split_at_mut(4 * hd);
+        for (a, b) in lo.iter_mut().zip(hi[..4 * hd].iter()) {
+            *a = *b + *a;
+        }
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = (lo[d] + lo[2 * hd + d]) + (lo[hd + d] + lo[3 * hd + d]);
         }
     }
 }
@@ -519,6 +536,24 @@ mod tests {
             let bits = |x: [f32; LANES]| x.map(f32::to_bits);
             assert_eq!(bits(lanes::fma16(&a, &b)), bits(lanes::portable::fma16(&a, &b)));
             assert_eq!(bits(lanes::fma4x16(&a, &b)), bits(lanes::portable::fma4x16(&a, &b)));
+        }
+    }
+
+    #[test]
+    fn lane_reduction_is_reduce16_per_dim() {
+        let hd = 24;
+        let acc: Vec<f32> = (0..4 * LANES * hd).map(|i| ((i * 7919 % 1009) as f32 - 500.0) / 37.0).collect();
+        for order in [Order::Single, Order::Batched] {
+            let mut got = vec![0.0f32; hd];
+            order.reduce_lanes(&acc, hd, &mut got);
+            for (d, g) in got.iter().enumerate() {
+                let lane = |grp: usize, l: usize| acc[(grp * LANES + l) * hd + d];
+                let x: [f32; LANES] = std::array::from_fn(|l| match order {
+                    Order::Batched => lane(0, l),
+                    Order::Single => (lane(0, l) + lane(2, l)) + (lane(1, l) + lane(3, l)),
+                });
+                assert_eq!(g.to_bits(), reduce16(&x).to_bits());
+            }
         }
     }
 
