@@ -119,6 +119,106 @@ pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     hsum8(&acc)
 }
 
+/// Four independent dot products at once (`w[i]·a[i]`), each with exactly the arithmetic
+/// of the one-at-a-time kernel: interleaving only hides the latency of each FMA chain.
+pub(crate) type Dot4<W> = fn([&[W]; 4], [&[ActQ8]; 4]) -> [f32; 4];
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod x4 {
+    use std::arch::x86_64::*;
+
+    use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0, hsum8};
+
+    // SAFETY (every block here): AVX2 and FMA are target features of this build; loads
+    // read exactly the 16 or 32 bytes of the fixed-size arrays they are given, stores
+    // write an [f32; 8].
+
+    #[inline]
+    fn finish(acc: [__m256; 4], extra: [f32; 4]) -> [f32; 4] {
+        std::array::from_fn(|r| {
+            let mut l = [0.0f32; 8];
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };
+            hsum8(&l) + extra[r]
+        })
+    }
+
+    /// `acc = fma(d, float(lanes of x·y), acc)` with `x` unsigned bytes < 128.
+    #[inline]
+    unsafe fn step(acc: __m256, d: f32, x: __m256i, y: __m256i) -> __m256 {
+        unsafe {
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc)
+        }
+    }
+
+    pub(crate) fn q4_1_q8_1(w: [&[BlockQ4_1]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        let n = w.iter().zip(&a).map(|(w, a)| w.len().min(a.len())).min().unwrap_or(0);
+        let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
+        let mut summs = [0.0f32; 4];
+        for b in 0..n {
+            for r in 0..4 {
+                let (wb, ab) = (&w[r][b], &a[r][b]);
+                summs[r] = wb.m.to_f32().mul_add(ab.s, summs[r]);
+                unsafe {
+                    let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
+                    let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
+                    let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
+                    acc[r] = step(acc[r], wb.d.to_f32() * ab.d, x, y);
+                }
+            }
+        }
+        finish(acc, summs)
+    }
+
+    #[inline]
+    fn signed(qs: [&[i8; 32]; 4], d: [f32; 4], a: [&ActQ8; 4], acc: &mut [__m256; 4]) {
+        for r in 0..4 {
+            unsafe {
+                let x = _mm256_loadu_si256(qs[r].as_ptr().cast());
+                let y = _mm256_loadu_si256(a[r].qs.as_ptr().cast());
+                acc[r] = step(acc[r], d[r] * a[r].d, _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+            }
+        }
+    }
+
+    pub(crate) fn q8_0_q8_0(w: [&[BlockQ8_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        let n = w.iter().zip(&a).map(|(w, a)| w.len().min(a.len())).min().unwrap_or(0);
+        let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
+        for b in 0..n {
+            let qs = std::array::from_fn(|r| &w[r][b].qs);
+            signed(qs, std::array::from_fn(|r| w[r][b].d.to_f32()), std::array::from_fn(|r| &a[r][b]), &mut acc);
+        }
+        finish(acc, [0.0; 4])
+    }
+
+    pub(crate) fn q5_0_q8_0(w: [&[BlockQ5_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        let n = w.iter().zip(&a).map(|(w, a)| w.len().min(a.len())).min().unwrap_or(0);
+        let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
+        for b in 0..n {
+            let qs = std::array::from_fn(|r| &w[r][b].qs);
+            signed(qs, std::array::from_fn(|r| w[r][b].d), std::array::from_fn(|r| &a[r][b]), &mut acc);
+        }
+        finish(acc, [0.0; 4])
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+mod x4 {
+    use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0};
+
+    pub(crate) fn q4_1_q8_1(w: [&[BlockQ4_1]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        std::array::from_fn(|r| super::q4_1_q8_1(w[r], a[r]))
+    }
+    pub(crate) fn q8_0_q8_0(w: [&[BlockQ8_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        std::array::from_fn(|r| super::q8_0_q8_0(w[r], a[r]))
+    }
+    pub(crate) fn q5_0_q8_0(w: [&[BlockQ5_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        std::array::from_fn(|r| super::q5_0_q8_0(w[r], a[r]))
+    }
+}
+
+pub(crate) use x4::{q4_1_q8_1 as q4_1_q8_1_x4, q5_0_q8_0 as q5_0_q8_0_x4, q8_0_q8_0 as q8_0_q8_0_x4};
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -147,6 +247,33 @@ mod tests {
 
     use super::super::act::{quantize_q8_0, quantize_q8_1};
     use super::*;
+
+    /// The interleaved kernels compute exactly what the single ones compute.
+    #[test]
+    fn x4_kernels_equal_single_kernels_bit_for_bit() {
+        let k = 256;
+        let xs: Vec<Vec<f32>> = (0..4)
+            .map(|r| (0..k).map(|i| (((i * 37 + r * 11) % 19) as f32 - 9.0) / (7.0 + r as f32)).collect())
+            .collect();
+        let a1: Vec<Vec<ActQ8>> = xs.iter().map(|x| quantize_q8_1(x)).collect();
+        let a0: Vec<Vec<ActQ8>> = xs.iter().map(|x| quantize_q8_0(x)).collect();
+        let bytes = |per: usize, r: usize| -> Vec<u8> {
+            (0..k / QK * per).map(|i| ((i * 31 + r * 97) % 251) as u8 & if i % per < 4 { 0x3b } else { 0xff }).collect()
+        };
+        let w41: Vec<Vec<BlockQ4_1>> = (0..4).map(|r| parse_q4_1(&bytes(20, r))).collect();
+        let w80: Vec<Vec<BlockQ8_0>> = (0..4).map(|r| parse_q8_0(&bytes(34, r))).collect();
+        let w50: Vec<Vec<BlockQ5_0>> = (0..4).map(|r| parse_q5_0(&bytes(22, r))).collect();
+        fn arr(v: &[Vec<ActQ8>]) -> [&[ActQ8]; 4] {
+            std::array::from_fn(|r| v[r].as_slice())
+        }
+        let bits = |x: [f32; 4]| x.map(f32::to_bits);
+        let got = q4_1_q8_1_x4(std::array::from_fn(|r| w41[r].as_slice()), arr(&a1));
+        assert_eq!(bits(got), bits(std::array::from_fn(|r| q4_1_q8_1(&w41[r], &a1[r]))));
+        let got = q8_0_q8_0_x4(std::array::from_fn(|r| w80[r].as_slice()), arr(&a0));
+        assert_eq!(bits(got), bits(std::array::from_fn(|r| q8_0_q8_0(&w80[r], &a0[r]))));
+        let got = q5_0_q8_0_x4(std::array::from_fn(|r| w50[r].as_slice()), arr(&a0));
+        assert_eq!(bits(got), bits(std::array::from_fn(|r| q5_0_q8_0(&w50[r], &a0[r]))));
+    }
 
     /// Dequantize-and-multiply reference (exact up to activation quantization).
     #[test]

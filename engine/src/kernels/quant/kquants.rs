@@ -74,22 +74,24 @@ pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
     let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
     for (wb, ab) in w.iter().zip(a) {
         let (ds, dm) = (wb.d * ab.d, wb.dmin * ab.d);
-        let (mut isum, mut imin) = (0i32, 0i32);
+        // Integer sums are exact in any order: scaled lanes accumulate as a vector and
+        // are summed once per float step (per pair for Gemm, per block for Gemv).
+        let (mut lanes, mut imin) = ([0i32; 8], 0i32);
         for pair in 0..4 {
             for sb in [2 * pair, 2 * pair + 1] {
-                let dot: i32 = simd::u8_i8(at(&wb.q, sb * 32), at(&ab.qs, sb * 32)).iter().sum();
-                isum += wb.scales[sb] as i32 * dot;
+                let p = simd::u8_i8(at(&wb.q, sb * 32), at(&ab.qs, sb * 32));
+                let sc = wb.scales[sb] as i32;
+                for (v, x) in lanes.iter_mut().zip(p) {
+                    *v += sc * x;
+                }
                 imin += wb.mins[sb] as i32 * (ab.bsums[2 * sb] + ab.bsums[2 * sb + 1]);
             }
-            if path == Q4KPath::Gemm {
+            if path == Q4KPath::Gemm || pair == 3 {
+                let isum: i32 = lanes.iter().sum();
                 acc = (isum as f32).mul_add(ds, acc);
                 acc_min = (imin as f32).mul_add(dm, acc_min);
-                (isum, imin) = (0, 0);
+                (lanes, imin) = ([0; 8], 0);
             }
-        }
-        if path == Q4KPath::Gemv {
-            acc = (isum as f32).mul_add(ds, acc);
-            acc_min = (imin as f32).mul_add(dm, acc_min);
         }
     }
     acc - acc_min

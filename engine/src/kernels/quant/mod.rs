@@ -81,9 +81,9 @@ impl QuantMatMul {
         let n = self.n;
         let mut out_t = vec![0.0f32; n * m]; // [col][row], transposed below
         match &self.w {
-            Weights::Q4_1(w) => self.run(w, &quantize_q8_1(x), m, &mut out_t, |w, a, _| dot::q4_1_q8_1(w, a)),
-            Weights::Q5_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| dot::q5_0_q8_0(w, a)),
-            Weights::Q8_0(w) => self.run(w, &quantize_q8_0(x), m, &mut out_t, |w, a, _| dot::q8_0_q8_0(w, a)),
+            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::q4_1_q8_1, dot::q4_1_q8_1_x4),
+            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q5_0_q8_0, dot::q5_0_q8_0_x4),
+            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q8_0_q8_0, dot::q8_0_q8_0_x4),
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
                 let grouped = if super::batched(m) { m - m % 4 } else { 0 };
@@ -112,6 +112,41 @@ impl QuantMatMul {
         out
     }
 
+    /// `run` for kernels with a four-at-a-time variant: from four rows up, the (column,
+    /// row) pairs of a chunk go four at a time. (Decode stays one column at a time: it is
+    /// bound by streaming the weights, and four interleaved weight rows measured slower.)
+    fn run4<W: Sync>(
+        &self,
+        w: &[W],
+        acts: &[act::ActQ8],
+        m: usize,
+        out_t: &mut [f32],
+        dot: fn(&[W], &[act::ActQ8]) -> f32,
+        dot4: dot::Dot4<W>,
+    ) {
+        if m < 4 {
+            return self.run(w, acts, m, out_t, |w, a, _| dot(w, a));
+        }
+        let kb = self.k_blocks;
+        let work = m * self.n * self.k;
+        parallel_chunks(out_t, COLS * m, work, |c, chunk| {
+            let pair = |i: usize| {
+                let (col, r) = (c * COLS + i / m, i % m);
+                (&w[col * kb..(col + 1) * kb], &acts[r * kb..(r + 1) * kb])
+            };
+            let done = chunk.len() / 4 * 4;
+            let mut quads = chunk.chunks_exact_mut(4);
+            for (q, o) in quads.by_ref().enumerate() {
+                let p: [_; 4] = std::array::from_fn(|j| pair(4 * q + j));
+                o.copy_from_slice(&dot4(p.map(|p| p.0), p.map(|p| p.1)));
+            }
+            for (j, o) in quads.into_remainder().iter_mut().enumerate() {
+                let (wr, ar) = pair(done + j);
+                *o = dot(wr, ar);
+            }
+        });
+    }
+
     /// Every (column, row) dot product, columns in parallel chunks.
     fn run<W: Sync, A: Sync>(
         &self,
@@ -121,8 +156,6 @@ impl QuantMatMul {
         out_t: &mut [f32],
         dot: impl Fn(&[W], &[A], usize) -> f32 + Sync,
     ) {
-        // Columns per work chunk: enough to amortize scheduling, small enough to balance.
-        const COLS: usize = 16;
         let kb = self.k_blocks;
         let work = m * self.n * self.k;
         parallel_chunks(out_t, COLS * m, work, |c, chunk| {
@@ -136,6 +169,9 @@ impl QuantMatMul {
         });
     }
 }
+
+/// Columns per work chunk: enough to amortize scheduling, small enough to balance.
+const COLS: usize = 16;
 
 /// Q8_K activations for the Q4_K kernels: the first `grouped` rows (whole groups of
 /// four, for the repacked kernel) are quantized by ggml's 4-row routine, the rest by
