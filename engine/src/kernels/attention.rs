@@ -306,11 +306,11 @@ impl Order {
         // out = (t6[0] + t6[2]) + (t6[1] + t6[3]).
         let (lo, hi) = x.split_at_mut(8 * hd);
         for (a, b) in lo.iter_mut().zip(hi.iter()) {
-            *a = *b + *a;
+            *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
         }
         let (lo, hi) = lo.split_at_mut(4 * hd);
         for (a, b) in lo.iter_mut().zip(hi[..4 * hd].iter()) {
-            *a = *b + *a;
+            *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
         }
         for (d, o) in out.iter_mut().enumerate() {
             *o = (lo[d] + lo[2 * hd + d]) + (lo[hd + d] + lo[3 * hd + d]);
