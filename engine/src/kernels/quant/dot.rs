@@ -119,9 +119,10 @@ pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     hsum8(&acc)
 }
 
-/// Four independent dot products at once (`w[i]·a[i]`), each with exactly the arithmetic
-/// of the one-at-a-time kernel: interleaving only hides the latency of each FMA chain.
-pub(crate) type Dot4<W> = fn([&[W]; 4], [&[ActQ8]; 4]) -> [f32; 4];
+/// One weight row against four activation rows (`w·a[r]`), each with exactly the
+/// arithmetic of the one-at-a-time kernel: the weight block is unpacked once for all
+/// four, and the four FMA chains overlap.
+pub(crate) type Dot4<W> = fn(&[W], [&[ActQ8]; 4]) -> [f32; 4];
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 mod x4 {
@@ -151,52 +152,54 @@ mod x4 {
         }
     }
 
-    pub(crate) fn q4_1_q8_1(w: [&[BlockQ4_1]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        let n = w.iter().zip(&a).map(|(w, a)| w.len().min(a.len())).min().unwrap_or(0);
+    fn blocks<W>(w: &[W], a: &[&[ActQ8]; 4]) -> usize {
+        a.iter().map(|a| a.len()).fold(w.len(), usize::min)
+    }
+
+    pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: [&[ActQ8]; 4]) -> [f32; 4] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
         let mut summs = [0.0f32; 4];
-        for b in 0..n {
-            for r in 0..4 {
-                let (wb, ab) = (&w[r][b], &a[r][b]);
-                summs[r] = wb.m.to_f32().mul_add(ab.s, summs[r]);
-                unsafe {
-                    let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
-                    let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
-                    let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
-                    acc[r] = step(acc[r], wb.d.to_f32() * ab.d, x, y);
+        for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
+            let (d, m) = (wb.d.to_f32(), wb.m.to_f32());
+            unsafe {
+                let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
+                let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
+                for r in 0..4 {
+                    let ab = &a[r][b];
+                    summs[r] = m.mul_add(ab.s, summs[r]);
+                    acc[r] = step(acc[r], d * ab.d, x, _mm256_loadu_si256(ab.qs.as_ptr().cast()));
                 }
             }
         }
         finish(acc, summs)
     }
 
+    /// Signed weights `qs` with scale `d` against the four rows' block `b`.
     #[inline]
-    fn signed(qs: [&[i8; 32]; 4], d: [f32; 4], a: [&ActQ8; 4], acc: &mut [__m256; 4]) {
-        for r in 0..4 {
-            unsafe {
-                let x = _mm256_loadu_si256(qs[r].as_ptr().cast());
-                let y = _mm256_loadu_si256(a[r].qs.as_ptr().cast());
-                acc[r] = step(acc[r], d[r] * a[r].d, _mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    fn signed(qs: &[i8; 32], d: f32, a: &[&[ActQ8]; 4], b: usize, acc: &mut [__m256; 4]) {
+        unsafe {
+            let x = _mm256_loadu_si256(qs.as_ptr().cast());
+            let ax = _mm256_sign_epi8(x, x);
+            for r in 0..4 {
+                let ab = &a[r][b];
+                let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
+                acc[r] = step(acc[r], d * ab.d, ax, _mm256_sign_epi8(y, x));
             }
         }
     }
 
-    pub(crate) fn q8_0_q8_0(w: [&[BlockQ8_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        let n = w.iter().zip(&a).map(|(w, a)| w.len().min(a.len())).min().unwrap_or(0);
+    pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
-        for b in 0..n {
-            let qs = std::array::from_fn(|r| &w[r][b].qs);
-            signed(qs, std::array::from_fn(|r| w[r][b].d.to_f32()), std::array::from_fn(|r| &a[r][b]), &mut acc);
+        for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
+            signed(&wb.qs, wb.d.to_f32(), &a, b, &mut acc);
         }
         finish(acc, [0.0; 4])
     }
 
-    pub(crate) fn q5_0_q8_0(w: [&[BlockQ5_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        let n = w.iter().zip(&a).map(|(w, a)| w.len().min(a.len())).min().unwrap_or(0);
+    pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
-        for b in 0..n {
-            let qs = std::array::from_fn(|r| &w[r][b].qs);
-            signed(qs, std::array::from_fn(|r| w[r][b].d), std::array::from_fn(|r| &a[r][b]), &mut acc);
+        for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
+            signed(&wb.qs, wb.d, &a, b, &mut acc);
         }
         finish(acc, [0.0; 4])
     }
@@ -206,14 +209,14 @@ mod x4 {
 mod x4 {
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
-    pub(crate) fn q4_1_q8_1(w: [&[BlockQ4_1]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        std::array::from_fn(|r| super::q4_1_q8_1(w[r], a[r]))
+    pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        a.map(|a| super::q4_1_q8_1(w, a))
     }
-    pub(crate) fn q8_0_q8_0(w: [&[BlockQ8_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        std::array::from_fn(|r| super::q8_0_q8_0(w[r], a[r]))
+    pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        a.map(|a| super::q8_0_q8_0(w, a))
     }
-    pub(crate) fn q5_0_q8_0(w: [&[BlockQ5_0]; 4], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        std::array::from_fn(|r| super::q5_0_q8_0(w[r], a[r]))
+    pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
+        a.map(|a| super::q5_0_q8_0(w, a))
     }
 }
 
@@ -260,19 +263,17 @@ mod tests {
         let bytes = |per: usize, r: usize| -> Vec<u8> {
             (0..k / QK * per).map(|i| ((i * 31 + r * 97) % 251) as u8 & if i % per < 4 { 0x3b } else { 0xff }).collect()
         };
-        let w41: Vec<Vec<BlockQ4_1>> = (0..4).map(|r| parse_q4_1(&bytes(20, r))).collect();
-        let w80: Vec<Vec<BlockQ8_0>> = (0..4).map(|r| parse_q8_0(&bytes(34, r))).collect();
-        let w50: Vec<Vec<BlockQ5_0>> = (0..4).map(|r| parse_q5_0(&bytes(22, r))).collect();
+        let w41 = parse_q4_1(&bytes(20, 1));
+        let w80 = parse_q8_0(&bytes(34, 2));
+        let w50 = parse_q5_0(&bytes(22, 3));
         fn arr(v: &[Vec<ActQ8>]) -> [&[ActQ8]; 4] {
             std::array::from_fn(|r| v[r].as_slice())
         }
         let bits = |x: [f32; 4]| x.map(f32::to_bits);
-        let got = q4_1_q8_1_x4(std::array::from_fn(|r| w41[r].as_slice()), arr(&a1));
-        assert_eq!(bits(got), bits(std::array::from_fn(|r| q4_1_q8_1(&w41[r], &a1[r]))));
-        let got = q8_0_q8_0_x4(std::array::from_fn(|r| w80[r].as_slice()), arr(&a0));
-        assert_eq!(bits(got), bits(std::array::from_fn(|r| q8_0_q8_0(&w80[r], &a0[r]))));
-        let got = q5_0_q8_0_x4(std::array::from_fn(|r| w50[r].as_slice()), arr(&a0));
-        assert_eq!(bits(got), bits(std::array::from_fn(|r| q5_0_q8_0(&w50[r], &a0[r]))));
+        let want = |f: &dyn Fn(&[ActQ8]) -> f32, a: &[Vec<ActQ8>]| bits(std::array::from_fn(|r| f(&a[r])));
+        assert_eq!(bits(q4_1_q8_1_x4(&w41, arr(&a1))), want(&|a| q4_1_q8_1(&w41, a), &a1));
+        assert_eq!(bits(q8_0_q8_0_x4(&w80, arr(&a0))), want(&|a| q8_0_q8_0(&w80, a), &a0));
+        assert_eq!(bits(q5_0_q8_0_x4(&w50, arr(&a0))), want(&|a| q5_0_q8_0(&w50, a), &a0));
     }
 
     /// Dequantize-and-multiply reference (exact up to activation quantization).

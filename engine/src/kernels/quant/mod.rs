@@ -112,9 +112,9 @@ impl QuantMatMul {
         out
     }
 
-    /// `run` for kernels with a four-at-a-time variant: from four rows up, the (column,
-    /// row) pairs of a chunk go four at a time. (Decode stays one column at a time: it is
-    /// bound by streaming the weights, and four interleaved weight rows measured slower.)
+    /// `run` for kernels with a four-rows-at-a-time variant: from four rows up, each
+    /// column's rows go four at a time (the rest one by one). Decode stays on `run`: it
+    /// is bound by streaming the weights.
     fn run4<W: Sync>(
         &self,
         w: &[W],
@@ -129,20 +129,19 @@ impl QuantMatMul {
         }
         let kb = self.k_blocks;
         let work = m * self.n * self.k;
+        let row = |r: usize| &acts[r * kb..(r + 1) * kb];
         parallel_chunks(out_t, COLS * m, work, |c, chunk| {
-            let pair = |i: usize| {
-                let (col, r) = (c * COLS + i / m, i % m);
-                (&w[col * kb..(col + 1) * kb], &acts[r * kb..(r + 1) * kb])
-            };
-            let done = chunk.len() / 4 * 4;
-            let mut quads = chunk.chunks_exact_mut(4);
-            for (q, o) in quads.by_ref().enumerate() {
-                let p: [_; 4] = std::array::from_fn(|j| pair(4 * q + j));
-                o.copy_from_slice(&dot4(p.map(|p| p.0), p.map(|p| p.1)));
-            }
-            for (j, o) in quads.into_remainder().iter_mut().enumerate() {
-                let (wr, ar) = pair(done + j);
-                *o = dot(wr, ar);
+            for (i, col_out) in chunk.chunks_exact_mut(m).enumerate() {
+                let col = c * COLS + i;
+                let wr = &w[col * kb..(col + 1) * kb];
+                let mut quads = col_out.chunks_exact_mut(4);
+                for (q, o) in quads.by_ref().enumerate() {
+                    o.copy_from_slice(&dot4(wr, std::array::from_fn(|j| row(4 * q + j))));
+                }
+                let done = m / 4 * 4;
+                for (j, o) in quads.into_remainder().iter_mut().enumerate() {
+                    *o = dot(wr, row(done + j));
+                }
             }
         });
     }
