@@ -461,16 +461,26 @@ mod tests {
         out
     }
 
+    /// A one-layer cache of `n` positions with K = f(i), V = f(i + v_shift).
+    fn filled_cache(
+        n: usize,
+        kv_dim: usize,
+        f: impl Fn(usize) -> f32,
+        v_shift: usize,
+    ) -> (SeqCache, Vec<f32>, Vec<f32>) {
+        let mut cache = SeqCache::new(KvShape { n_layers: 1, kv_dim });
+        cache.reserve(n);
+        let k: Vec<f32> = (0..n * kv_dim).map(&f).collect();
+        let v: Vec<f32> = (0..n * kv_dim).map(|i| f(i + v_shift)).collect();
+        cache.write(0, 0, &k, &v);
+        (cache, k, v)
+    }
+
     #[test]
     fn matches_naive_softmax_with_gqa_and_window() {
         let (hd, n_kv, n_heads, n) = (64, 2, 4, 75);
-        let shape = KvShape { n_layers: 1, kv_dim: n_kv * hd };
-        let mut cache = SeqCache::new(shape);
-        cache.reserve(n);
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
-        let k: Vec<f32> = (0..n * n_kv * hd).map(f).collect();
-        let v: Vec<f32> = (0..n * n_kv * hd).map(|i| f(i + 13)).collect();
-        cache.write(0, 0, &k, &v);
+        let (cache, k, v) = filled_cache(n, n_kv * hd, f, 13);
         let r16 = |x: &f32| f16::from_f32(*x).to_f32();
         for window in [None, Some(20usize)] {
             for t_len in [1, 3] {
@@ -503,13 +513,8 @@ mod tests {
     #[test]
     fn tiles_compute_exactly_what_single_items_compute() {
         let (hd, n_kv, n_heads, n) = (64, 2, 6, 150);
-        let shape = KvShape { n_layers: 1, kv_dim: n_kv * hd };
-        let mut cache = SeqCache::new(shape);
-        cache.reserve(n);
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 300.0) - 1.6;
-        let k: Vec<f32> = (0..n * n_kv * hd).map(f).collect();
-        let v: Vec<f32> = (0..n * n_kv * hd).map(|i| f(i + 29)).collect();
-        cache.write(0, 0, &k, &v);
+        let (cache, _, _) = filled_cache(n, n_kv * hd, f, 29);
         for order in [Order::Single, Order::Batched] {
             for window in [None, Some(37usize)] {
                 let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window };
