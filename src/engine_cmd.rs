@@ -34,21 +34,8 @@ pub struct EngineArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     max_body_bytes: usize,
-    /// Default temperature for requests that omit it.
-    #[arg(long, alias = "temp")]
-    temperature: Option<f32>,
-    /// Default top-p for requests that omit it.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Default top-k for requests that omit it.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Default min-p for requests that omit it.
-    #[arg(long)]
-    min_p: Option<f32>,
-    /// Default max_tokens for requests that omit it (unset: until the context is full).
-    #[arg(long)]
-    max_tokens: Option<usize>,
+    #[command(flatten)]
+    sampling: GenDefaultsArgs,
     /// Milliseconds SIGTERM waits for in-flight requests before cutting them.
     #[arg(long, default_value_t = 10_000)]
     shutdown_timeout_ms: u64,
@@ -64,6 +51,51 @@ pub struct EngineArgs {
     ssd_cache: Option<PathBuf>,
     #[command(flatten)]
     cache: CacheArgs,
+}
+
+/// Sampling defaults for requests that omit a field (shared by `engine` and `serve`,
+/// which passes them on).
+#[derive(Args, Clone, Debug)]
+pub struct GenDefaultsArgs {
+    /// Default temperature for requests that omit it.
+    #[arg(long, alias = "temp")]
+    pub temperature: Option<f32>,
+    /// Default top-p for requests that omit it.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Default top-k for requests that omit it.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Default min-p for requests that omit it.
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Default max_tokens for requests that omit it (unset: until the context is full).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+}
+
+impl GenDefaultsArgs {
+    fn defaults(&self) -> ServerDefaults {
+        ServerDefaults {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            max_tokens: self.max_tokens,
+        }
+    }
+
+    /// The flags that are set, as `corral engine` arguments.
+    pub fn to_engine_args(&self) -> Vec<String> {
+        let set = [
+            ("--temperature", self.temperature.map(|v| v.to_string())),
+            ("--top-p", self.top_p.map(|v| v.to_string())),
+            ("--top-k", self.top_k.map(|v| v.to_string())),
+            ("--min-p", self.min_p.map(|v| v.to_string())),
+            ("--max-tokens", self.max_tokens.map(|v| v.to_string())),
+        ];
+        set.into_iter().filter_map(|(f, v)| v.map(|v| [f.to_owned(), v])).flatten().collect()
+    }
 }
 
 /// Prompt-cache flags (shared by `engine` and `serve`, which passes them on).
@@ -150,13 +182,7 @@ pub fn engine(args: EngineArgs) -> u8 {
         ctx,
         max_queue: args.max_queue,
         max_body_bytes: args.max_body_bytes,
-        defaults: ServerDefaults {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            min_p: args.min_p,
-            max_tokens: args.max_tokens,
-        },
+        defaults: args.sampling.defaults(),
         shutdown_timeout: Duration::from_millis(args.shutdown_timeout_ms),
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         cache: args.cache.config(args.ssd_cache.clone()),

@@ -49,18 +49,9 @@ pub struct ServeArgs {
     /// Requests waiting per engine before 429, passed to engines.
     #[arg(long)]
     max_queue: Option<usize>,
-    /// Default temperature, passed to engines.
-    #[arg(long, alias = "temp")]
-    temperature: Option<f32>,
-    /// Default top-p, passed to engines.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Default top-k, passed to engines.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Default max_tokens, passed to engines.
-    #[arg(long)]
-    max_tokens: Option<usize>,
+    /// Sampling defaults, passed to engines.
+    #[command(flatten)]
+    sampling: crate::engine_cmd::GenDefaultsArgs,
     /// Compute threads per engine, passed to engines.
     #[arg(long, env = "CORRAL_THREADS")]
     threads: Option<usize>,
@@ -186,15 +177,12 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     };
     pass("--ctx", args.ctx.map(|v| v.to_string()));
     pass("--max-queue", args.max_queue.map(|v| v.to_string()));
-    pass("--temperature", args.temperature.map(|v| v.to_string()));
-    pass("--top-p", args.top_p.map(|v| v.to_string()));
-    pass("--top-k", args.top_k.map(|v| v.to_string()));
-    pass("--max-tokens", args.max_tokens.map(|v| v.to_string()));
     pass("--threads", args.threads.map(|v| v.to_string()));
     if !args.no_ssd_cache {
         let dir = args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir);
         pass("--ssd-cache", Some(dir.display().to_string()));
     }
+    engine_args.extend(args.sampling.to_engine_args().into_iter().map(OsString::from));
     engine_args.extend(args.cache.to_engine_args().into_iter().map(OsString::from));
     let engine_program = match &args.engine_bin {
         Some(p) => p.clone(),

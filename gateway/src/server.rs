@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_pool::{Pool, unix_http};
-use corral_protocol::{ApiError, ErrorKind};
+use corral_protocol::{ApiError, ErrorKind, http_limits};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -163,9 +163,9 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
                         });
                         let conn = hyper::server::conn::http1::Builder::new()
                             .timer(TokioTimer::new())
-                            .header_read_timeout(Duration::from_secs(10))
-                            .max_headers(100)
-                            .max_buf_size(64 * 1024)
+                            .header_read_timeout(http_limits::HEADER_READ_TIMEOUT)
+                            .max_headers(http_limits::MAX_HEADERS)
+                            .max_buf_size(http_limits::MAX_HEAD_BYTES)
                             .serve_connection(TokioIo::new(stream), svc);
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "client connection ended with an error");

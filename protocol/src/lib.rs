@@ -6,6 +6,7 @@
 
 pub mod engine_wire;
 pub mod error;
+pub mod http_limits;
 mod model_id;
 pub mod openai;
 

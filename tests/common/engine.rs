@@ -3,10 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::TempDir;
@@ -79,23 +77,7 @@ impl EngineProc {
             .spawn()
             .expect("spawn corral engine");
         let stdin = child.stdin.take();
-        let stderr_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = stderr_lines.clone();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let (tx, rx) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(out).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            for _ in lines {}
-        });
+        let (stderr_lines, rx) = super::capture(&mut child);
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {

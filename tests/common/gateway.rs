@@ -3,10 +3,9 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -55,23 +54,7 @@ impl Gateway {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn corral serve");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let sink = stderr.clone();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let (tx, rx) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(out).lines();
-            if let Some(Ok(l)) = lines.next() {
-                let _ = tx.send(l);
-            }
-            for _ in lines {}
-        });
+        let (stderr, rx) = super::capture(&mut child);
         let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
             let _ = child.kill();
             panic!("gateway did not start: {}", stderr.lock().unwrap().join("\n"))

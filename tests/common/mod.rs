@@ -3,8 +3,10 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 pub const SMOLLM: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -81,3 +83,26 @@ pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
 pub mod engine;
 pub mod gateway;
 pub mod http;
+
+/// Collects a spawned child's stderr lines in the background and hands over the first
+/// line it prints on stdout (the rest of stdout is drained).
+pub fn capture(child: &mut std::process::Child) -> (Arc<Mutex<Vec<String>>>, mpsc::Receiver<String>) {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    let err = child.stderr.take().expect("stderr piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("stdout piped");
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(out).lines();
+        if let Some(Ok(l)) = lines.next() {
+            let _ = tx.send(l);
+        }
+        for _ in lines {}
+    });
+    (lines, rx)
+}

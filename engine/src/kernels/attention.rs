@@ -94,18 +94,21 @@ fn tiled(
     let n_tt = t_len.div_ceil(rows);
     // Tiles in (kv head, row tile) order; each owns a contiguous [rows][group][hd] chunk.
     let chunk = rows * group * hd;
+    // Tile -> (its K/V head, its query rows).
+    let tile_of = |tile: usize| {
+        let tt = tile % n_tt;
+        (tile / n_tt, tt * rows..((tt + 1) * rows).min(t_len))
+    };
     let mut buf = vec![0.0f32; spec.n_kv_heads * n_tt * chunk];
     parallel_chunks(&mut buf, chunk, work, |tile, o| {
-        let (g, tt) = (tile / n_tt, tile % n_tt);
-        let t0 = tt * rows;
-        let t1 = (t0 + rows).min(t_len);
-        attend_tile(cache, layer, pos0, q, spec, order, g, t0..t1, o);
+        let (g, ts) = tile_of(tile);
+        attend_tile(cache, layer, pos0, q, spec, order, g, ts, o);
     });
     let mut out = vec![0.0f32; q.len()];
-    for tile in 0..spec.n_kv_heads * n_tt {
-        let (g, tt) = (tile / n_tt, tile % n_tt);
-        for t in tt * rows..((tt + 1) * rows).min(t_len) {
-            let src = &buf[tile * chunk + (t - tt * rows) * group * hd..][..group * hd];
+    for (tile, part) in buf.chunks_exact(chunk).enumerate() {
+        let (g, ts) = tile_of(tile);
+        for (i, t) in ts.enumerate() {
+            let src = &part[i * group * hd..][..group * hd];
             out[(t * spec.n_heads + g * group) * hd..][..group * hd].copy_from_slice(src);
         }
     }

@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use corral_protocol::engine_wire::ReadyEvent;
+use corral_protocol::http_limits;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::mpsc;
 
@@ -128,9 +129,9 @@ async fn serve(
                         });
                         let conn = hyper::server::conn::http1::Builder::new()
                             .timer(TokioTimer::new())
-                            .header_read_timeout(Duration::from_secs(10))
-                            .max_headers(100)
-                            .max_buf_size(64 * 1024)
+                            .header_read_timeout(http_limits::HEADER_READ_TIMEOUT)
+                            .max_headers(http_limits::MAX_HEADERS)
+                            .max_buf_size(http_limits::MAX_HEAD_BYTES)
                             .serve_connection(TokioIo::new(stream), svc);
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "connection ended with an error");
