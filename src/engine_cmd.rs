@@ -57,21 +57,42 @@ pub struct EngineArgs {
 /// which passes them on).
 #[derive(Args, Clone, Debug)]
 pub struct GenDefaultsArgs {
-    /// Default temperature for requests that omit it.
-    #[arg(long, alias = "temp")]
+    /// Default temperature for requests that omit it (0-5).
+    #[arg(long, alias = "temp", value_parser = in_range(0.0, 5.0))]
     pub temperature: Option<f32>,
-    /// Default top-p for requests that omit it.
-    #[arg(long)]
+    /// Default top-p for requests that omit it (0-1).
+    #[arg(long, value_parser = in_range(0.0, 1.0))]
     pub top_p: Option<f32>,
-    /// Default top-k for requests that omit it.
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    /// Default min-p for requests that omit it.
-    #[arg(long)]
+    /// Default top-k for requests that omit it (0-1000000; 0 = off).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub top_k: Option<u32>,
+    /// Default min-p for requests that omit it (0-1).
+    #[arg(long, value_parser = in_range(0.0, 1.0))]
     pub min_p: Option<f32>,
-    /// Default max_tokens for requests that omit it (unset: until the context is full).
+    /// Default max_tokens for requests that omit it (unset: chat until the context is
+    /// full, raw completions 512).
     #[arg(long)]
     pub max_tokens: Option<usize>,
+    /// Constrained decoding (structured output, tool calls): `off` states constraints
+    /// in the prompt instead and marks responses with a Warning header.
+    #[arg(long, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = on_off)]
+    pub grammar: bool,
+}
+
+/// A float flag bounded to `[lo, hi]`; the error names the range.
+fn in_range(lo: f32, hi: f32) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+        if v.is_finite() && (lo..=hi).contains(&v) { Ok(v) } else { Err(format!("must be between {lo} and {hi} (got {s})")) }
+    }
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" | "yes" => Ok(true),
+        "off" | "0" | "false" | "no" => Ok(false),
+        _ => Err(format!("expected on or off (got {s:?})")),
+    }
 }
 
 impl GenDefaultsArgs {
@@ -79,9 +100,10 @@ impl GenDefaultsArgs {
         ServerDefaults {
             temperature: self.temperature,
             top_p: self.top_p,
-            top_k: self.top_k,
+            top_k: self.top_k.map(|k| k as usize),
             min_p: self.min_p,
             max_tokens: self.max_tokens,
+            grammar_off: !self.grammar,
         }
     }
 
@@ -93,6 +115,7 @@ impl GenDefaultsArgs {
             ("--top-k", self.top_k.map(|v| v.to_string())),
             ("--min-p", self.min_p.map(|v| v.to_string())),
             ("--max-tokens", self.max_tokens.map(|v| v.to_string())),
+            ("--grammar", (!self.grammar).then(|| "off".to_owned())),
         ];
         set.into_iter().filter_map(|(f, v)| v.map(|v| [f.to_owned(), v])).flatten().collect()
     }

@@ -106,10 +106,11 @@ pub fn run(args: RunArgs) -> Result<()> {
         stop: args.stop,
         ignore_eos: false,
         logprobs: None,
+        grammar: None,
     };
     let mut cache = engine.model.new_cache();
     let mut out = Stdout(std::io::stdout().lock());
-    let o = generate(&engine.model, &engine.tokenizer, &mut cache, &prompt, &params, args.ctx, &mut out)?;
+    let o = generate(&engine.model, &engine.tokenizer, &mut cache, &prompt, params, args.ctx, &mut out)?;
     let _ = writeln!(out.0);
     eprintln!(
         "corral: prompt {} tokens, prefill {:.1} tok/s; generated {} tokens, decode {:.1} tok/s; finish {}",

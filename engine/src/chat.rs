@@ -28,15 +28,24 @@ const GEMMA_TEMPLATE: &str = concat!(
 /// Rendering budget: a template that loops forever fails instead of hanging a request.
 const FUEL: u64 = 2_000_000;
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+/// One message as templates see it (the Hugging Face shape). `content` is null only
+/// on an assistant turn that carries `tool_calls`, for templates that render tools.
+#[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ChatMessage {
     pub role: String,
-    pub content: String,
+    pub content: Option<String>,
+    /// `[{id, type: "function", function: {name, arguments: {…}}}]`, arguments as an object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.to_owned(), content: content.to_owned() }
+        Self { role: role.to_owned(), content: Some(content.to_owned()), tool_calls: None, tool_call_id: None, name: None }
     }
 }
 
@@ -50,6 +59,7 @@ pub enum TemplateSource {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: TemplateSource,
+    text: String,
     bos: String,
     eos: String,
     /// The tokenizer adds BOS itself: drop a template's leading BOS text.
@@ -83,19 +93,32 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
-        env.add_template_owned("chat", text).map_err(|e| Error::Template(describe(&e)))?;
-        Ok(Self { env, source, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
+        env.add_template_owned("chat", text.clone()).map_err(|e| Error::Template(describe(&e)))?;
+        Ok(Self { env, source, text, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
     }
 
     pub fn source(&self) -> &TemplateSource {
         &self.source
     }
 
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    /// The template's source text (tool-format detection reads it).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Render a conversation; `tools` (the OpenAI `tools` list) is passed to templates
+    /// that render tools themselves.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self.env.get_template("chat").map_err(|e| Error::Template(describe(&e)))?;
         let out = tmpl
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos,
                 eos_token => &self.eos,
@@ -133,7 +156,7 @@ mod tests {
     #[test]
     fn renders_gguf_template() {
         let t = ChatTemplate::new(Some(CHATML), Arch::Llama, "<s>", "</s>", false).unwrap();
-        let out = t.render(&msgs()[1..2], true).unwrap();
+        let out = t.render(&msgs()[1..2], None, true).unwrap();
         assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         assert_eq!(t.source(), &TemplateSource::Gguf);
     }
@@ -141,7 +164,7 @@ mod tests {
     #[test]
     fn builtin_gemma_matches_llama_cpp_format() {
         let t = ChatTemplate::new(None, Arch::Gemma3, "<bos>", "<eos>", true).unwrap();
-        let out = t.render(&msgs(), true).unwrap();
+        let out = t.render(&msgs(), None, true).unwrap();
         assert_eq!(
             out,
             "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
@@ -156,12 +179,12 @@ mod tests {
         let raising =
             ChatTemplate::new(Some("{{ raise_exception('roles must alternate') }}"), Arch::Llama, "", "", false)
                 .unwrap();
-        let err = raising.render(&msgs(), true).unwrap_err().to_string();
+        let err = raising.render(&msgs(), None, true).unwrap_err().to_string();
         assert!(err.contains("roles must alternate"), "{err}");
         let looping =
             ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"), Arch::Llama, "", "", false)
                 .unwrap();
-        assert!(looping.render(&msgs(), true).is_err(), "fuel limit stops runaway templates");
+        assert!(looping.render(&msgs(), None, true).is_err(), "fuel limit stops runaway templates");
         assert!(ChatTemplate::new(None, Arch::Llama, "", "", false).is_err());
     }
 
@@ -169,13 +192,13 @@ mod tests {
     fn template_bos_is_dropped_when_tokenizer_adds_it() {
         let t =
             ChatTemplate::new(Some("{{ bos_token }}{{ messages[0].content }}"), Arch::Llama, "<s>", "", true).unwrap();
-        assert_eq!(t.render(&msgs()[1..2], false).unwrap(), "Hi");
+        assert_eq!(t.render(&msgs()[1..2], None, false).unwrap(), "Hi");
     }
 
     #[test]
     fn python_string_methods_work() {
         let t =
             ChatTemplate::new(Some("{{ messages[0].content.strip().upper() }}"), Arch::Llama, "", "", false).unwrap();
-        assert_eq!(t.render(&msgs()[..1], false).unwrap(), "BE BRIEF.");
+        assert_eq!(t.render(&msgs()[..1], None, false).unwrap(), "BE BRIEF.");
     }
 }

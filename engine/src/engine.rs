@@ -8,8 +8,10 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::grammar::Grammars;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
+use crate::tools::format::ToolFormat;
 
 /// Sampling defaults a model file may carry (`general.sampling.*`).
 #[derive(Clone, Debug, Default)]
@@ -27,6 +29,10 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     /// `None` when the file has no template and no built-in one fits its architecture.
     pub template: Option<ChatTemplate>,
+    /// The tool-call syntax its template speaks (or corral's fallback).
+    pub tool_format: ToolFormat,
+    /// Constrained decoding over this vocabulary (built on first use).
+    pub grammars: Grammars,
     pub file_bytes: u64,
     pub load_time: Duration,
     /// BLAKE3 of the whole model file (weights, config and tokenizer): the identity of
@@ -87,12 +93,16 @@ impl Engine {
             min_p: g.opt_f32("general.sampling.min_p"),
         };
         drop(g);
+        let tool_format = ToolFormat::detect(template.as_ref().map(ChatTemplate::text), |t| tokenizer.token_id(t));
+        let grammars = Grammars::new(&tokenizer);
         Ok(Self {
             path: path.to_owned(),
             sampling_metadata,
             model,
             tokenizer,
             template,
+            tool_format,
+            grammars,
             file_bytes,
             load_time: start.elapsed(),
             fingerprint,
@@ -115,9 +125,14 @@ impl Engine {
 
     /// Render a conversation with the chat template and tokenize it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let t = self.template.as_ref().ok_or_else(|| Error::Template("this model has no chat template".into()))?;
-        let text = t.render(messages, true)?;
+        let text = self.render_chat(messages, None)?;
         self.tokenizer.encode(&text, true)
+    }
+
+    /// The chat template's text for a conversation (with a generation prompt).
+    pub fn render_chat(&self, messages: &[ChatMessage], tools: Option<&serde_json::Value>) -> Result<String> {
+        let t = self.template.as_ref().ok_or_else(|| Error::Template("this model has no chat template".into()))?;
+        t.render(messages, tools, true)
     }
 
     /// Tokenize a raw completion prompt (BOS added when the model wants it).

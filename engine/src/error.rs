@@ -41,6 +41,9 @@ pub enum Error {
     #[error("token id {id} is outside the vocabulary ({vocab} tokens)")]
     BadToken { id: u32, vocab: usize },
 
+    #[error("grammar engine: {0}")]
+    Grammar(String),
+
     #[error("tensor op failed: {0}")]
     Candle(String),
 }

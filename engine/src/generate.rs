@@ -2,11 +2,14 @@
 //! time until an end-of-generation token, a stop string, `max_tokens`, the context
 //! limit, or the observer cancels. Cancellation is checked between prefill chunks and
 //! after every decoded token, so a client that goes away costs at most one step.
+//! With a grammar, every step's logits are masked to what the grammar allows before
+//! sampling (greedy and sampled alike), and a grammar that is complete ends generation.
 
 use std::time::{Duration, Instant};
 
 use crate::detok::Utf8Stream;
 use crate::error::{Error, Result};
+use crate::grammar::Grammar;
 use crate::kv::SeqCache;
 use crate::model::{Logits, Model};
 use crate::sampler::{Sampler, SamplingParams};
@@ -25,6 +28,8 @@ pub struct GenerateParams {
     pub ignore_eos: bool,
     /// Report each token's log probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// Constrained decoding: only tokens this grammar allows are sampled.
+    pub grammar: Option<Grammar>,
 }
 
 /// One generated token as observers see it.
@@ -81,6 +86,8 @@ pub struct Outcome {
     pub tokens: Vec<u32>,
     pub prefill: Duration,
     pub decode: Duration,
+    /// Time spent on grammar masks during decode (zero without a grammar).
+    pub mask: Duration,
 }
 
 impl Outcome {
@@ -139,7 +146,7 @@ pub fn generate(
     tokenizer: &Tokenizer,
     cache: &mut SeqCache,
     prompt: &[u32],
-    params: &GenerateParams,
+    params: GenerateParams,
     ctx: usize,
     obs: &mut dyn Observer,
 ) -> Result<Outcome> {
@@ -159,6 +166,7 @@ pub fn generate(
         tokens: Vec::new(),
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
+        mask: Duration::ZERO,
     };
 
     let start = Instant::now();
@@ -177,17 +185,28 @@ pub fn generate(
     out.prefill = start.elapsed();
 
     let decode_start = Instant::now();
-    let mut sampler = Sampler::new(params.sampling.clone());
+    let mut sampler = Sampler::new(params.sampling);
     let mut history = prompt.to_vec();
     let mut utf8 = Utf8Stream::new();
-    let mut stops = StopMatcher::new(params.stop.clone());
+    let mut stops = StopMatcher::new(params.stop);
+    let mut grammar = params.grammar;
     while out.tokens.len() < max_tokens {
         let lp = params.logprobs.map(|n| LogSoftmax::new(&logits, n));
+        if let Some(g) = grammar.as_mut() {
+            g.mask(&mut logits).map_err(Error::Grammar)?;
+        }
         let id = sampler.sample(&mut logits, &history);
         if !params.ignore_eos && tokenizer.is_eog(id) {
             out.finish = FinishReason::Stop;
             break;
         }
+        let grammar_done = match grammar.as_mut() {
+            Some(g) => {
+                g.accept(id).map_err(Error::Grammar)?;
+                g.is_finished()
+            }
+            None => false,
+        };
         out.tokens.push(id);
         history.push(id);
         let text = utf8.push(tokenizer.piece(id));
@@ -203,7 +222,7 @@ pub fn generate(
             out.finish = FinishReason::Cancelled;
             break;
         }
-        if stopped {
+        if stopped || grammar_done {
             out.finish = FinishReason::Stop;
             break;
         }
@@ -223,5 +242,6 @@ pub fn generate(
         }
     }
     out.decode = decode_start.elapsed();
+    out.mask = grammar.map_or(Duration::ZERO, |g| g.cost().0);
     Ok(out)
 }

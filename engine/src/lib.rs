@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod grammar;
 pub mod kernels;
 pub mod kv;
 pub mod model;
@@ -21,6 +22,7 @@ pub mod server;
 pub mod stop;
 pub mod threads;
 pub mod tokenizer;
+pub mod tools;
 
 pub use engine::Engine;
 pub use error::{Error, Result};

@@ -15,13 +15,14 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::body::Body;
-use super::requests::{self, EffectiveDefaults, Validated};
+use super::requests::{self, EffectiveDefaults, ToolOutput, Validated};
 use super::responses::{self, ChunkKind, Meta, Route};
 use super::stats::Stats;
 use super::worker::{Event, Job, Worker};
 use crate::Engine;
 use crate::chat::TemplateSource;
 use crate::generate::{FinishReason, TokenOut};
+use crate::tools::stream::{Piece, ToolStream};
 
 pub struct App {
     pub engine: Arc<Engine>,
@@ -63,7 +64,9 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let allowed: &[Method] = match path.as_str() {
         "/health" | "/v1/models" | "/admin/stats" => &[Method::GET],
-        "/v1/chat/completions" | "/v1/completions" | "/admin/drain" | "/admin/cache/flush" => &[Method::POST],
+        "/v1/chat/completions" | "/v1/completions" | "/apply-template" | "/admin/drain" | "/admin/cache/flush" => {
+            &[Method::POST]
+        }
         _ => return error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),
     };
     if !allowed.contains(&method) {
@@ -81,6 +84,7 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
         ),
         "/admin/drain" => drain(&app, &req).await,
         "/admin/cache/flush" => flush(&app).await,
+        "/apply-template" => apply_template(&app, req).await,
         "/v1/chat/completions" => generate(app.clone(), req, Route::Chat).await,
         _ => generate(app.clone(), req, Route::Completion).await,
     }
@@ -105,7 +109,8 @@ fn models(app: &App) -> ModelList {
                 text_completions: true,
                 streaming: true,
                 logprobs: true,
-                tools: false,
+                tools: app.engine.template.is_some(),
+                structured_output: true,
                 vision: false,
                 embeddings: false,
             }),
@@ -181,16 +186,57 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, route: Route) -> Respon
         }
     };
     let (events, rx) = mpsc::channel(64);
-    let Validated { prompt, params, stream, include_usage } = v;
+    let Validated { prompt, params, stream, include_usage, warnings, tools, rendered: _ } = v;
     if let Err(e) = app.worker.submit(Job { prompt, params, events }) {
         app.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
         return error_response(&e);
     }
     let meta = Meta::new(route, &app.model_id);
-    if stream { stream_response(app, meta, rx, include_usage) } else { whole_response(app, meta, rx).await }
+    let mut r = if stream {
+        stream_response(app, meta, rx, include_usage, tools)
+    } else {
+        whole_response(app, meta, rx, tools).await
+    };
+    for w in &warnings {
+        r.headers_mut().append(header::WARNING, warning_header(w));
+    }
+    r
 }
 
-async fn whole_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>) -> Response<Body> {
+/// `Warning: 299 - "grammar not enforced: <reason>"` (RFC 7234's miscellaneous
+/// persistent warning), the reason reduced to what a header may carry.
+fn warning_header(reason: &str) -> HeaderValue {
+    let clean: String = reason
+        .chars()
+        .map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { ' ' })
+        .take(400)
+        .collect();
+    HeaderValue::from_str(&format!("299 - \"grammar not enforced: {clean}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("299 - \"grammar not enforced\""))
+}
+
+/// `POST /apply-template` (as llama.cpp's server): the prompt a chat request renders
+/// to, with the tool prompt and any unenforced-constraint instruction in it.
+async fn apply_template(app: &App, req: Request<Incoming>) -> Response<Body> {
+    let v = match read_json(req, app.max_body_bytes).await {
+        Ok(r) => requests::chat(&r, &app.engine, &app.defaults, app.ctx),
+        Err(e) => Err(e),
+    };
+    match v {
+        Ok(v) => json_response(
+            serde_json::json!({"prompt": v.rendered, "prompt_tokens": v.prompt.len(), "warnings": v.warnings})
+                .to_string(),
+        ),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn whole_response(
+    app: Arc<App>,
+    meta: Meta,
+    mut rx: mpsc::Receiver<Event>,
+    tools: Option<ToolOutput>,
+) -> Response<Body> {
     let mut text = String::new();
     let mut lp: Vec<TokenOut> = Vec::new();
     while let Some(ev) = rx.recv().await {
@@ -203,7 +249,10 @@ async fn whole_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>
             }
             Event::Flush(t) => text.push_str(&t),
             Event::Done(o) if o.finish == FinishReason::Cancelled => return error_response(&cut()),
-            Event::Done(o) => return json_response(responses::final_body(&meta, text, &o, &lp, &app.engine.tokenizer)),
+            Event::Done(o) => {
+                let body = responses::final_body(&meta, text, &o, &lp, &app.engine.tokenizer, tools.as_ref());
+                return json_response(body);
+            }
             Event::Failed(e) => return error_response(&e),
         }
     }
@@ -215,11 +264,18 @@ fn cut() -> ApiError {
     ApiError::new(ErrorKind::EngineDraining, "the request was cut short: the engine is stopping")
 }
 
-fn stream_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, include_usage: bool) -> Response<Body> {
+fn stream_response(
+    app: Arc<App>,
+    meta: Meta,
+    mut rx: mpsc::Receiver<Event>,
+    include_usage: bool,
+    tools: Option<ToolOutput>,
+) -> Response<Body> {
     let (tx, body) = Body::channel(16);
     tokio::spawn(async move {
         let tok = &app.engine.tokenizer;
         let mut offset = 0usize;
+        let mut calls = tools.map(|t| ToolStream::new(t.format, t.enforced));
         let started = Instant::now();
         if meta.route == Route::Chat && tx.send(responses::chunk(&meta, ChunkKind::Role, tok)).await.is_err() {
             return;
@@ -231,20 +287,35 @@ fn stream_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, inc
                 ev = rx.recv() => ev,
                 _ = tx.closed() => return,
             };
-            let frame = match ev {
+            let frames = match ev {
                 Some(Event::Token(t)) if t.text.is_empty() && t.logprob.is_none() => continue,
+                Some(Event::Token(t)) if calls.is_some() => {
+                    let pieces = calls.as_mut().map(|c| c.push(&t.text)).unwrap_or_default();
+                    tool_frames(&meta, tok, pieces, Some(&t))
+                }
                 Some(Event::Token(t)) => {
                     let c = responses::chunk(&meta, ChunkKind::Text { text: &t.text, lp: Some(&t), offset }, tok);
                     offset += t.text.len();
-                    c
+                    vec![c]
                 }
-                Some(Event::Flush(t)) => responses::chunk(&meta, ChunkKind::Text { text: &t, lp: None, offset }, tok),
+                Some(Event::Flush(t)) if calls.is_some() => {
+                    let pieces = calls.as_mut().map(|c| c.push(&t)).unwrap_or_default();
+                    tool_frames(&meta, tok, pieces, None)
+                }
+                Some(Event::Flush(t)) => {
+                    vec![responses::chunk(&meta, ChunkKind::Text { text: &t, lp: None, offset }, tok)]
+                }
                 Some(Event::Done(o)) if o.finish == FinishReason::Cancelled => {
                     let _ = tx.send(responses::sse_error(&cut())).await;
                     return;
                 }
                 Some(Event::Done(o)) => {
-                    let mut frames = vec![responses::chunk(&meta, ChunkKind::Finish(responses::finish_str(&o)), tok)];
+                    let mut frames = match calls.as_mut() {
+                        Some(c) => tool_frames(&meta, tok, c.finish(), None),
+                        None => Vec::new(),
+                    };
+                    let made_calls = calls.as_ref().is_some_and(|c| c.calls() > 0);
+                    frames.push(responses::chunk(&meta, ChunkKind::Finish(responses::finish_str(&o, made_calls)), tok));
                     if include_usage {
                         frames.push(responses::chunk(&meta, ChunkKind::Usage(responses::usage(&o)), tok));
                     }
@@ -271,8 +342,10 @@ fn stream_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, inc
                     return;
                 }
             };
-            if tx.send(frame).await.is_err() {
-                return;
+            for frame in frames {
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
             }
         }
     });
@@ -282,6 +355,23 @@ fn stream_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, inc
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
+}
+
+/// The chunks of parsed tool-stream pieces; a token's logprobs ride on its content.
+fn tool_frames(meta: &Meta, tok: &crate::tokenizer::Tokenizer, pieces: Vec<Piece>, lp: Option<&TokenOut>) -> Vec<bytes::Bytes> {
+    let mut lp = lp;
+    pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Content(text) => responses::chunk(meta, ChunkKind::Text { text, lp: lp.take(), offset: 0 }, tok),
+            Piece::CallStart { index, name } => {
+                responses::chunk(meta, ChunkKind::Call(responses::call_start(*index, name)), tok)
+            }
+            Piece::CallArgs { index, fragment } => {
+                responses::chunk(meta, ChunkKind::Call(responses::call_args(*index, fragment)), tok)
+            }
+        })
+        .collect()
 }
 
 /// `POST /admin/drain[?timeout_ms=N]`: stop admitting, wait for queued and running

@@ -8,11 +8,13 @@
 //! a second signal exits at once.
 
 mod body;
+mod conversation;
 mod http;
 mod requests;
 mod responses;
 pub mod socket;
 mod stats;
+mod structured;
 mod worker;
 
 use std::convert::Infallible;

@@ -2,17 +2,32 @@
 //! every field is checked here, with the field named in the error, before anything is
 //! queued. Fields a request omits come from the server's flags, then the model file's
 //! own defaults, then llama.cpp's.
+//!
+//! A constraint or tool request is compiled into a grammar here. One that cannot be
+//! enforced (it does not compile, or grammars are off) is never an error and never
+//! ignored: the request carries a warning (sent as a `Warning` header) and, for chat,
+//! the system turn states the required output.
 
-use corral_protocol::openai::{ChatCompletionRequest, CompletionRequest, Content, Prompt, SamplingFields};
+use corral_protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingFields};
 use corral_protocol::{ApiError, ErrorKind};
+use llguidance::api::TopLevelGrammar;
 
+use super::conversation;
+use super::structured;
 use crate::Engine;
-use crate::chat::ChatMessage;
 use crate::generate::GenerateParams;
+use crate::grammar::{Constraint, Grammar};
 use crate::sampler::SamplingParams;
+use crate::tools::format::ToolFormat;
+use crate::tools::grammar::tool_grammar;
+use crate::tools::prompt::fallback_system;
 
 /// A `max_tokens` above this is not a request anyone means.
 pub const MAX_TOKENS_LIMIT: i64 = 1 << 24;
+/// Raw completions that omit `max_tokens` (and no `--max-tokens`): a prompt with no
+/// template has no end-of-turn to stop at, so "until the context is full" would be
+/// the usual outcome.
+pub const COMPLETION_DEFAULT_MAX_TOKENS: usize = 512;
 pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
@@ -24,6 +39,8 @@ pub struct ServerDefaults {
     pub top_k: Option<usize>,
     pub min_p: Option<f32>,
     pub max_tokens: Option<usize>,
+    /// `--grammar off`: constraints are stated in the prompt, not enforced.
+    pub grammar_off: bool,
 }
 
 /// The sampling defaults in effect: flags > model file (`general.sampling.*`) > built-in.
@@ -31,6 +48,7 @@ pub struct ServerDefaults {
 pub struct EffectiveDefaults {
     pub sampling: SamplingParams,
     pub max_tokens: Option<usize>,
+    pub grammar: bool,
 }
 
 impl EffectiveDefaults {
@@ -45,6 +63,7 @@ impl EffectiveDefaults {
                 ..base
             },
             max_tokens: flags.max_tokens,
+            grammar: !flags.grammar_off,
         }
     }
 }
@@ -63,6 +82,20 @@ pub struct Validated {
     pub params: GenerateParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// Why a requested constraint is not enforced (each becomes a `Warning` header).
+    pub warnings: Vec<String>,
+    /// Tool calls are to be read out of the output.
+    pub tools: Option<ToolOutput>,
+    /// The rendered chat prompt (`/apply-template`).
+    pub rendered: Option<String>,
+}
+
+/// How to read tool calls back out of the output.
+#[derive(Clone, Debug)]
+pub struct ToolOutput {
+    pub format: ToolFormat,
+    /// The calls were decoded under the grammar (exact layout).
+    pub enforced: bool,
 }
 
 fn range_f(param: &str, v: Option<f64>, ok: impl Fn(f64) -> bool, what: &str) -> Result<Option<f32>, ApiError> {
@@ -150,15 +183,18 @@ fn stops(f: &SamplingFields) -> Result<Vec<String>, ApiError> {
     Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-fn finish(
+/// What the sampling fields and the prompt give, before the grammar and the
+/// response-shaping parts are added.
+struct Common {
     prompt: Vec<u32>,
-    f: &SamplingFields,
-    d: &EffectiveDefaults,
-    engine: &Engine,
-    ctx: usize,
     logprobs: Option<usize>,
-) -> Result<Validated, ApiError> {
+    /// `max_tokens` when neither the request nor `--max-tokens` sets it.
+    default_max: usize,
+}
+
+fn finish(c: Common, f: &SamplingFields, d: &EffectiveDefaults, engine: &Engine, ctx: usize) -> Result<Validated, ApiError> {
     let (sampling, max_tokens) = sampling(f, d, engine.config().vocab)?;
+    let prompt = c.prompt;
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt is empty"));
     }
@@ -169,42 +205,31 @@ fn finish(
         ));
     }
     let params = GenerateParams {
-        // Unset: until end of generation or the context is full (OpenAI's default).
-        max_tokens: max_tokens.unwrap_or(ctx),
+        max_tokens: max_tokens.unwrap_or(c.default_max),
         sampling,
         stop: stops(f)?,
         ignore_eos: f.ignore_eos.unwrap_or(false),
-        logprobs,
+        logprobs: c.logprobs,
+        grammar: None,
     };
     let stream = f.stream.unwrap_or(false);
     let include_usage = f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-    Ok(Validated { prompt, params, stream, include_usage })
+    Ok(Validated { prompt, params, stream, include_usage, warnings: Vec::new(), tools: None, rendered: None })
 }
 
-fn message_text(i: usize, content: &Option<Content>) -> Result<String, ApiError> {
-    let param = format!("messages[{i}].content");
-    match content {
-        None => Ok(String::new()),
-        Some(Content::Text(s)) => Ok(s.clone()),
-        Some(Content::Parts(parts)) => {
-            let mut out = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                match (p.kind.as_str(), &p.text) {
-                    ("text", Some(t)) => out.push_str(t),
-                    ("text", None) => {
-                        return Err(ApiError::invalid(&format!("{param}[{j}].text"), "a text part needs `text`"));
-                    }
-                    (other, _) => {
-                        return Err(ApiError::invalid(
-                            &format!("{param}[{j}].type"),
-                            format!("content part type {other:?} is not supported by this model"),
-                        ));
-                    }
-                }
-            }
-            Ok(out)
-        }
+/// Compile `grammar`, or say why it is not enforced.
+fn compile(engine: &Engine, d: &EffectiveDefaults, grammar: TopLevelGrammar) -> Result<Grammar, String> {
+    if !d.grammar {
+        return Err("grammars are turned off on this server (--grammar off)".into());
     }
+    engine.grammars.compile(grammar).map_err(|e| {
+        tracing::warn!(error = %e, "grammar does not compile: the constraint is stated in the prompt instead");
+        format!("the constraint does not compile: {e}")
+    })
+}
+
+fn tokenize(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
+    engine.tokenizer.encode(text, true).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
 }
 
 pub fn chat(
@@ -214,19 +239,8 @@ pub fn chat(
     ctx: usize,
 ) -> Result<Validated, ApiError> {
     let messages = req.messages.as_ref().ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
-    if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "messages must not be empty"));
-    }
-    let mut msgs = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "developer" => "system",
-            r @ ("system" | "user" | "assistant" | "tool") => r,
-            other => return Err(ApiError::invalid(&format!("messages[{i}].role"), format!("unknown role {other:?}"))),
-        };
-        msgs.push(ChatMessage::new(role, &message_text(i, &m.content)?));
-    }
-    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+    let turns = conversation::turns(messages)?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs.filter(|&n| n != -1)) {
         (_, Some(n)) if !(0..=MAX_TOP_LOGPROBS).contains(&n) => {
             return Err(ApiError::invalid(
                 "top_logprobs",
@@ -237,11 +251,52 @@ pub fn chat(
         (true, n) => Some(n.unwrap_or(0) as usize),
         (false, None) => None,
     };
-    let prompt = engine.chat_prompt(&msgs).map_err(|e| match e {
+    let tools = structured::tools(req)?;
+    let constraint = structured::constraint(&req.constraints)?.map(|(_, c)| c);
+    let fmt = &engine.tool_format;
+    let grammar = match (&tools, &constraint) {
+        (Some(t), c) => Some(tool_grammar(fmt, t, c.as_ref())),
+        (None, Some(c)) => Some(TopLevelGrammar::from_grammar(c.grammar("answer"))),
+        (None, None) => None,
+    };
+    let compiled = grammar.map(|g| compile(engine, d, g));
+    let enforced = matches!(compiled, Some(Ok(_)));
+
+    // What the system turn must say: the tools (unless the template renders them),
+    // and, when nothing is enforced, the required output.
+    let mut system = Vec::new();
+    if let Some(t) = tools.as_ref().filter(|_| !fmt.native) {
+        system.push(fallback_system(t));
+    }
+    if let Some(c) = constraint.as_ref().filter(|_| !enforced) {
+        system.push(c.instruction());
+    }
+    let tools_json = tools.as_ref().filter(|_| fmt.native).map(|t| {
+        serde_json::Value::Array(
+            t.tools
+                .iter()
+                .map(|d| {
+                    serde_json::json!({"type": "function", "function": {
+                        "name": d.name, "description": d.description, "parameters": d.parameters}})
+                })
+                .collect(),
+        )
+    });
+    let msgs = conversation::template_messages(&turns, fmt, &system);
+    let text = engine.render_chat(&msgs, tools_json.as_ref()).map_err(|e| match e {
         crate::Error::Template(m) => ApiError::invalid("messages", format!("chat template: {m}")),
         other => ApiError::new(ErrorKind::Internal, other.to_string()),
     })?;
-    finish(prompt, &req.sampling, d, engine, ctx, logprobs)
+    let prompt = tokenize(engine, &text)?;
+    let mut v = finish(Common { prompt, logprobs, default_max: ctx }, &req.sampling, d, engine, ctx)?;
+    match compiled {
+        Some(Ok(g)) => v.params.grammar = Some(g),
+        Some(Err(reason)) => v.warnings.push(reason),
+        None => {}
+    }
+    v.tools = tools.map(|_| ToolOutput { format: fmt.clone(), enforced });
+    v.rendered = Some(text);
+    Ok(v)
 }
 
 pub fn completion(
@@ -263,17 +318,16 @@ pub fn completion(
             })
             .collect()
     };
-    let text = |t: &str| engine.raw_prompt(t).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()));
     let prompt = match &req.prompt {
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
-        Some(Prompt::Text(t)) => text(t)?,
-        Some(Prompt::Texts(v)) if v.len() == 1 => text(&v[0])?,
+        Some(Prompt::Text(t)) => tokenize(engine, t)?,
+        Some(Prompt::Texts(v)) if v.len() == 1 => tokenize(engine, &v[0])?,
         Some(Prompt::Tokens(v)) => ids(v)?,
         Some(Prompt::TokenLists(v)) if v.len() == 1 => ids(&v[0])?,
         Some(_) => return Err(ApiError::invalid("prompt", "exactly one prompt per request is supported")),
     };
     let logprobs = match req.logprobs {
-        None => None,
+        None | Some(-1) => None,
         Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => Some(n as usize),
         Some(n) => {
             return Err(ApiError::invalid(
@@ -282,5 +336,15 @@ pub fn completion(
             ));
         }
     };
-    finish(prompt, &req.sampling, d, engine, ctx, logprobs)
+    let constraint: Option<Constraint> = structured::constraint(&req.constraints)?.map(|(_, c)| c);
+    let common = Common { prompt, logprobs, default_max: COMPLETION_DEFAULT_MAX_TOKENS };
+    let mut v = finish(common, &req.sampling, d, engine, ctx)?;
+    // Raw completions have no template to state an unenforced constraint in: the
+    // warning header alone tells the client.
+    match constraint.map(|c| compile(engine, d, TopLevelGrammar::from_grammar(c.grammar("answer")))) {
+        Some(Ok(g)) => v.params.grammar = Some(g),
+        Some(Err(reason)) => v.warnings.push(reason),
+        None => {}
+    }
+    Ok(v)
 }

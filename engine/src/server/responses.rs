@@ -7,12 +7,15 @@ use bytes::Bytes;
 use corral_protocol::ApiError;
 use corral_protocol::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, Delta, TokenLogprob, TopLogprob, Usage,
+    CompletionChoice, CompletionLogprobs, Delta, FunctionCall, FunctionCallDelta, TokenLogprob, ToolCall, ToolCallDelta,
+    TopLogprob, Usage,
 };
 use serde::Serialize;
 
+use super::requests::ToolOutput;
 use crate::generate::{FinishReason, Outcome, TokenOut};
 use crate::tokenizer::Tokenizer;
+use crate::tools::stream;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -47,13 +50,34 @@ pub fn usage(o: &Outcome) -> Usage {
     Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens)
 }
 
-/// `stop` / `length` (a cancelled request has no client to tell).
-pub fn finish_str(o: &Outcome) -> String {
+/// `stop` / `length` / `tool_calls` (a cancelled request has no client to tell).
+pub fn finish_str(o: &Outcome, made_calls: bool) -> String {
     match o.finish {
         FinishReason::Length => "length",
+        FinishReason::Stop if made_calls => "tool_calls",
         FinishReason::Stop | FinishReason::Cancelled => "stop",
     }
     .to_owned()
+}
+
+/// A tool-call id in OpenAI's style.
+pub fn call_id() -> String {
+    format!("call_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
+}
+
+/// The first streamed delta of a call: its id, type and name.
+pub fn call_start(index: usize, name: &str) -> ToolCallDelta {
+    ToolCallDelta {
+        index,
+        id: Some(call_id()),
+        kind: Some("function".into()),
+        function: FunctionCallDelta { name: Some(name.to_owned()), arguments: Some(String::new()) },
+    }
+}
+
+/// A later delta of a call: more of its arguments.
+pub fn call_args(index: usize, fragment: &str) -> ToolCallDelta {
+    ToolCallDelta { index, id: None, kind: None, function: FunctionCallDelta { name: None, arguments: Some(fragment.to_owned()) } }
 }
 
 fn piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
@@ -102,21 +126,47 @@ pub fn completion_logprobs(tok: &Tokenizer, toks: &[TokenOut], offset0: usize) -
 }
 
 /// The whole non-streaming response.
-pub fn final_body(meta: &Meta, text: String, o: &Outcome, lp_tokens: &[TokenOut], tok: &Tokenizer) -> String {
+pub fn final_body(
+    meta: &Meta,
+    text: String,
+    o: &Outcome,
+    lp_tokens: &[TokenOut],
+    tok: &Tokenizer,
+    tools: Option<&ToolOutput>,
+) -> String {
     match meta.route {
-        Route::Chat => json(&ChatCompletion {
-            id: meta.id.clone(),
-            object: "chat.completion".into(),
-            created: meta.created,
-            model: meta.model.clone(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: AssistantMessage { role: "assistant".into(), content: text },
-                finish_reason: finish_str(o),
-                logprobs: chat_logprobs(tok, lp_tokens),
-            }],
-            usage: usage(o),
-        }),
+        Route::Chat => {
+            let (content, calls) = match tools {
+                Some(t) => stream::parse(&t.format, t.enforced, &text),
+                None => (Some(text), Vec::new()),
+            };
+            let tool_calls: Vec<ToolCall> = calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: call_id(),
+                    kind: "function".into(),
+                    function: FunctionCall { name: c.name, arguments: c.arguments },
+                })
+                .collect();
+            let made_calls = !tool_calls.is_empty();
+            json(&ChatCompletion {
+                id: meta.id.clone(),
+                object: "chat.completion".into(),
+                created: meta.created,
+                model: meta.model.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: "assistant".into(),
+                        content: if made_calls { content } else { Some(content.unwrap_or_default()) },
+                        tool_calls: made_calls.then_some(tool_calls),
+                    },
+                    finish_reason: finish_str(o, made_calls),
+                    logprobs: chat_logprobs(tok, lp_tokens),
+                }],
+                usage: usage(o),
+            })
+        }
         Route::Completion => json(&Completion {
             id: meta.id.clone(),
             object: "text_completion".into(),
@@ -125,7 +175,7 @@ pub fn final_body(meta: &Meta, text: String, o: &Outcome, lp_tokens: &[TokenOut]
             choices: vec![CompletionChoice {
                 index: 0,
                 text,
-                finish_reason: Some(finish_str(o)),
+                finish_reason: Some(finish_str(o, false)),
                 logprobs: completion_logprobs(tok, lp_tokens, 0),
             }],
             usage: Some(usage(o)),
@@ -138,6 +188,7 @@ pub fn final_body(meta: &Meta, text: String, o: &Outcome, lp_tokens: &[TokenOut]
 pub enum ChunkKind<'a> {
     Role,
     Text { text: &'a str, lp: Option<&'a TokenOut>, offset: usize },
+    Call(ToolCallDelta),
     Finish(String),
     Usage(Usage),
 }
@@ -149,7 +200,7 @@ pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
                 ChunkKind::Role => (
                     vec![ChunkChoice {
                         index: 0,
-                        delta: Delta { role: Some("assistant".into()), content: Some(String::new()) },
+                        delta: Delta { role: Some("assistant".into()), content: Some(String::new()), tool_calls: None },
                         finish_reason: None,
                         logprobs: None,
                     }],
@@ -158,9 +209,18 @@ pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
                 ChunkKind::Text { text, lp, .. } => (
                     vec![ChunkChoice {
                         index: 0,
-                        delta: Delta { role: None, content: Some(text.to_owned()) },
+                        delta: Delta { role: None, content: Some(text.to_owned()), tool_calls: None },
                         finish_reason: None,
                         logprobs: lp.and_then(|t| chat_logprobs(tok, std::slice::from_ref(t))),
+                    }],
+                    None,
+                ),
+                ChunkKind::Call(d) => (
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta: Delta { role: None, content: None, tool_calls: Some(vec![d]) },
+                        finish_reason: None,
+                        logprobs: None,
                     }],
                     None,
                 ),
@@ -181,7 +241,7 @@ pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
         }
         Route::Completion => {
             let (choices, usage) = match kind {
-                ChunkKind::Role => (vec![], None),
+                ChunkKind::Role | ChunkKind::Call(_) => (vec![], None),
                 ChunkKind::Text { text, lp, offset } => (
                     vec![CompletionChoice {
                         index: 0,

@@ -123,7 +123,7 @@ fn run_one(engine: &Engine, pc: &PromptCache, ctx: usize, job: Job, stats: &Stat
         if job.prompt.len() < ctx { pc.prepare(&job.prompt) } else { (engine.model.new_cache(), Source::Miss) };
     tracing::debug!(cached = cache.len(), source = ?source, "prompt cache");
     let mut sink = Sink { events: &job.events, stats, cancel_all };
-    let result = generate(&engine.model, &engine.tokenizer, &mut cache, &job.prompt, &job.params, ctx, &mut sink);
+    let result = generate(&engine.model, &engine.tokenizer, &mut cache, &job.prompt, job.params, ctx, &mut sink);
     stats.in_flight.fetch_sub(1, Ordering::Relaxed);
     match result {
         Ok(outcome) => {

@@ -135,6 +135,11 @@ impl Tokenizer {
         self.texts.get(id as usize).map(String::as_str)
     }
 
+    /// The id of the token whose vocabulary text is `text`, if there is one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.texts.iter().position(|t| t == text).map(|i| i as u32)
+    }
+
     pub fn kind(&self, id: u32) -> Option<TokenKind> {
         self.kinds.get(id as usize).copied()
     }

@@ -3,9 +3,18 @@
 //! typed so the engine can validate them with clear messages; unknown fields are
 //! ignored, as OpenAI clients send many we do not use.
 
+mod structured;
+mod tools;
+
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+
+pub use structured::{ConstraintFields, JsonSchemaFormat, ResponseFormat, StructuredOutputs};
+pub use tools::{
+    FunctionCall, FunctionCallDelta, FunctionCallIn, FunctionDef, NamedToolChoice, Tool, ToolCall, ToolCallDelta,
+    ToolCallIn, ToolChoice, ToolName,
+};
 
 /// `"stop": "x"` or `"stop": ["x", "y"]`.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -70,7 +79,13 @@ pub enum Content {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct MessageIn {
     pub role: String,
+    /// May be null on an assistant message that carries `tool_calls`.
     pub content: Option<Content>,
+    /// Assistant turns: the calls it made.
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// `role: "tool"`: which call this is the result of.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -79,10 +94,15 @@ pub struct ChatCompletionRequest {
     pub messages: Option<Vec<MessageIn>>,
     /// Chat: return log probabilities of the chosen tokens.
     pub logprobs: Option<bool>,
-    /// Chat: with `logprobs`, also the N most likely alternatives (0..=20).
+    /// Chat: with `logprobs`, also the N most likely alternatives (0..=20; -1 = unset).
     pub top_logprobs: Option<i64>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    #[serde(flatten)]
+    pub constraints: ConstraintFields,
 }
 
 /// `prompt`: text, one-element list of text, token ids, or one list of token ids.
@@ -104,6 +124,8 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    #[serde(flatten)]
+    pub constraints: ConstraintFields,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -153,7 +175,10 @@ pub struct ChoiceLogprobs {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct AssistantMessage {
     pub role: String,
-    pub content: String,
+    /// Null when the answer is only tool calls.
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -180,6 +205,8 @@ pub struct Delta {
     pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -246,6 +273,7 @@ pub struct Capabilities {
     pub streaming: bool,
     pub logprobs: bool,
     pub tools: bool,
+    pub structured_output: bool,
     pub vision: bool,
     pub embeddings: bool,
 }

@@ -1,0 +1,11 @@
+//! Constrained decoding with llguidance: request constraints (`constraint`), the
+//! model's vocabulary as byte strings (`vocab`), and per-request matchers that mask
+//! logits before sampling (`matcher`). See docs/structured-output.md.
+
+mod constraint;
+mod matcher;
+mod vocab;
+
+pub use constraint::{Constraint, lark_literal, with_json_layout};
+pub use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
+pub use matcher::{Grammar, Grammars};
