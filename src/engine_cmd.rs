@@ -75,7 +75,7 @@ pub struct GenDefaultsArgs {
     pub max_tokens: Option<usize>,
     /// Constrained decoding (structured output, tool calls): `off` states constraints
     /// in the prompt instead and marks responses with a Warning header.
-    #[arg(long, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = on_off, action = clap::ArgAction::Set)]
     pub grammar: bool,
 }
 
@@ -83,7 +83,11 @@ pub struct GenDefaultsArgs {
 fn in_range(lo: f32, hi: f32) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync + 'static {
     move |s: &str| {
         let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
-        if v.is_finite() && (lo..=hi).contains(&v) { Ok(v) } else { Err(format!("must be between {lo} and {hi} (got {s})")) }
+        if v.is_finite() && (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("must be between {lo} and {hi} (got {s})"))
+        }
     }
 }
 

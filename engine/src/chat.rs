@@ -45,7 +45,13 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.to_owned(), content: Some(content.to_owned()), tool_calls: None, tool_call_id: None, name: None }
+        Self {
+            role: role.to_owned(),
+            content: Some(content.to_owned()),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
     }
 }
 

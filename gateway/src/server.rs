@@ -60,7 +60,7 @@ fn json_response(v: String) -> Response<Body> {
 }
 
 /// Routes forwarded to the model's engine.
-const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions"];
+const PROXIED: &[&str] = &["/v1/chat/completions", "/v1/completions", "/apply-template"];
 
 async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());

@@ -41,6 +41,11 @@ impl Gateway {
     /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv`, never to the
     /// user's cache directory.
     pub fn start_in(dir: TempDir, args: &[&str]) -> Self {
+        Self::start_in_env(dir, args, &[])
+    }
+
+    /// As `start_in`, with extra environment variables for the gateway.
+    pub fn start_in_env(dir: TempDir, args: &[&str], envs: &[(&str, &str)]) -> Self {
         let run = dir.path().join("run");
         let mut cmd = Command::new(super::bin());
         cmd.arg("serve").args(["--port", "0", "--runtime-dir"]).arg(&run).args(args);
@@ -48,6 +53,7 @@ impl Gateway {
             cmd.arg("--ssd-cache").arg(dir.path().join("kv"));
         }
         let mut child = cmd
+            .envs(envs.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

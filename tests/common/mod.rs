@@ -80,6 +80,7 @@ pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
     }
 }
 
+pub mod chat;
 pub mod engine;
 pub mod gateway;
 pub mod http;

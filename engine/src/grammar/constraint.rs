@@ -53,14 +53,17 @@ impl Constraint {
         }
     }
 
+    /// The output is JSON.
+    pub fn is_json(&self) -> bool {
+        matches!(self, Constraint::JsonSchema(_) | Constraint::JsonObject)
+    }
+
     /// The grammar as one named llguidance grammar (other grammars refer to it as
     /// `@name`).
     pub fn grammar(&self, name: &str) -> GrammarWithLexer {
         let mut g = match self {
             Constraint::JsonSchema(s) => GrammarWithLexer::from_json_schema(with_json_layout(s)),
-            Constraint::JsonObject => {
-                GrammarWithLexer::from_json_schema(with_json_layout(&json!({"type": "object"})))
-            }
+            Constraint::JsonObject => GrammarWithLexer::from_json_schema(with_json_layout(&json!({"type": "object"}))),
             Constraint::Regex(rx) => GrammarWithLexer::from_regex(rx),
             Constraint::Choice(options) => {
                 let alts: Vec<String> = options.iter().map(|o| lark_literal(o)).collect();

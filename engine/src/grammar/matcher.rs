@@ -6,6 +6,7 @@
 //! grammar cannot take next (end-of-generation tokens only once the grammar may end),
 //! and after it the chosen token advances the matcher. The first mask is computed at
 //! compile time, so a grammar that cannot even start fails before the response does.
+//! JSON grammars also get the digit-run guard (`digits.rs`).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -42,8 +43,9 @@ impl Grammars {
             .map_err(Clone::clone)
     }
 
-    /// Compile a grammar; the error says why it cannot be enforced.
-    pub fn compile(&self, grammar: TopLevelGrammar) -> Result<Grammar, String> {
+    /// Compile a grammar; the error says why it cannot be enforced. `json`: the output
+    /// is JSON, so runaway digit runs are cut (`digits.rs`).
+    pub fn compile(&self, grammar: TopLevelGrammar, json: bool) -> Result<Grammar, String> {
         let start = Instant::now();
         let parser = self.factory()?.create_parser(grammar).map_err(|e| e.to_string())?;
         let mut matcher = Matcher::new(Ok(parser));
@@ -55,7 +57,8 @@ impl Grammars {
             return Err("the grammar allows no token at the start".into());
         }
         tracing::debug!(us = start.elapsed().as_micros() as u64, "grammar compiled");
-        Ok(Grammar { matcher, next_mask: Some(first), mask_time: Duration::ZERO, steps: 0 })
+        let digits = json.then(|| self.vocab.clone());
+        Ok(Grammar { matcher, next_mask: Some(first), digits, run: 0, mask_time: Duration::ZERO, steps: 0 })
     }
 }
 
@@ -63,6 +66,10 @@ pub struct Grammar {
     matcher: Matcher,
     /// A mask computed ahead (at compile time, for the first step).
     next_mask: Option<SimpleVob>,
+    /// JSON output: the vocabulary's digit table, for the digit-run guard.
+    digits: Option<Arc<Vocab>>,
+    /// Consecutive digits at the end of the output so far.
+    run: usize,
     mask_time: Duration,
     steps: u64,
 }
@@ -78,6 +85,8 @@ impl Clone for Grammar {
         Self {
             matcher: self.matcher.deep_clone(),
             next_mask: self.next_mask.clone(),
+            digits: self.digits.clone(),
+            run: self.run,
             mask_time: self.mask_time,
             steps: self.steps,
         }
@@ -88,10 +97,13 @@ impl Grammar {
     /// Set the logit of every token the grammar does not allow next to -inf.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         let start = Instant::now();
-        let mask = match self.next_mask.take() {
+        let mut mask = match self.next_mask.take() {
             Some(m) => m,
             None => self.matcher.compute_mask().map_err(|e| e.to_string())?,
         };
+        if let Some(v) = &self.digits {
+            v.digits.limit(self.run, &mut mask);
+        }
         apply(&mask, logits);
         self.mask_time += start.elapsed();
         self.steps += 1;
@@ -100,6 +112,9 @@ impl Grammar {
 
     /// Advance past the sampled token.
     pub fn accept(&mut self, id: u32) -> Result<(), String> {
+        if let Some(v) = &self.digits {
+            self.run = v.digits.next_run(self.run, id);
+        }
         self.matcher.consume_token(id).map_err(|e| e.to_string())
     }
 

@@ -8,10 +8,12 @@
 
 use toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 
+use super::digits::DigitTable;
 use crate::tokenizer::{TokenKind, Tokenizer};
 
 pub struct Vocab {
     trie: TokTrie,
+    pub digits: DigitTable,
 }
 
 impl Vocab {
@@ -23,7 +25,7 @@ impl Vocab {
         info.tok_bos = tok.bos();
         let trie = TokTrie::from(&info, &words);
         let trie = if eog.is_empty() { trie } else { trie.with_eos_tokens(&eog) };
-        Self { trie }
+        Self { trie, digits: DigitTable::new(&words) }
     }
 }
 

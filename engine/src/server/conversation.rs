@@ -44,7 +44,10 @@ fn turn(i: usize, m: &MessageIn) -> Result<Turn, ApiError> {
     let mut calls = Vec::new();
     for (j, c) in m.tool_calls.iter().flatten().enumerate() {
         if role != "assistant" {
-            return Err(ApiError::invalid(&format!("messages[{i}].tool_calls"), "only assistant messages carry tool_calls"));
+            return Err(ApiError::invalid(
+                &format!("messages[{i}].tool_calls"),
+                "only assistant messages carry tool_calls",
+            ));
         }
         let param = format!("messages[{i}].tool_calls[{j}].function.arguments");
         let args = match &c.function.arguments {
@@ -96,7 +99,10 @@ pub fn template_messages(turns: &[Turn], fmt: &ToolFormat, system: &[String]) ->
             let text = tool_response(&t.text);
             // Results of parallel calls share one user turn.
             match out.last_mut() {
-                Some(prev) if prev.role == "user" && prev.content.as_deref().is_some_and(|c| c.ends_with("</tool_response>")) => {
+                Some(prev)
+                    if prev.role == "user"
+                        && prev.content.as_deref().is_some_and(|c| c.ends_with("</tool_response>")) =>
+                {
                     let c = prev.content.get_or_insert_default();
                     c.push('\n');
                     c.push_str(&text);

@@ -206,11 +206,12 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, route: Route) -> Respon
 /// `Warning: 299 - "grammar not enforced: <reason>"` (RFC 7234's miscellaneous
 /// persistent warning), the reason reduced to what a header may carry.
 fn warning_header(reason: &str) -> HeaderValue {
-    let clean: String = reason
-        .chars()
-        .map(|c| if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' { c } else { ' ' })
-        .take(400)
+    let words: Vec<String> = reason
+        .split_whitespace()
+        .map(|w| w.chars().filter(|c| c.is_ascii_graphic() && *c != '"' && *c != '\\').collect())
+        .filter(|w: &String| !w.is_empty())
         .collect();
+    let clean: String = words.join(" ").chars().take(300).collect();
     HeaderValue::from_str(&format!("299 - \"grammar not enforced: {clean}\""))
         .unwrap_or_else(|_| HeaderValue::from_static("299 - \"grammar not enforced\""))
 }
@@ -358,7 +359,12 @@ fn stream_response(
 }
 
 /// The chunks of parsed tool-stream pieces; a token's logprobs ride on its content.
-fn tool_frames(meta: &Meta, tok: &crate::tokenizer::Tokenizer, pieces: Vec<Piece>, lp: Option<&TokenOut>) -> Vec<bytes::Bytes> {
+fn tool_frames(
+    meta: &Meta,
+    tok: &crate::tokenizer::Tokenizer,
+    pieces: Vec<Piece>,
+    lp: Option<&TokenOut>,
+) -> Vec<bytes::Bytes> {
     let mut lp = lp;
     pieces
         .iter()

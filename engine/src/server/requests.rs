@@ -192,7 +192,13 @@ struct Common {
     default_max: usize,
 }
 
-fn finish(c: Common, f: &SamplingFields, d: &EffectiveDefaults, engine: &Engine, ctx: usize) -> Result<Validated, ApiError> {
+fn finish(
+    c: Common,
+    f: &SamplingFields,
+    d: &EffectiveDefaults,
+    engine: &Engine,
+    ctx: usize,
+) -> Result<Validated, ApiError> {
     let (sampling, max_tokens) = sampling(f, d, engine.config().vocab)?;
     let prompt = c.prompt;
     if prompt.is_empty() {
@@ -218,11 +224,11 @@ fn finish(c: Common, f: &SamplingFields, d: &EffectiveDefaults, engine: &Engine,
 }
 
 /// Compile `grammar`, or say why it is not enforced.
-fn compile(engine: &Engine, d: &EffectiveDefaults, grammar: TopLevelGrammar) -> Result<Grammar, String> {
+fn compile(engine: &Engine, d: &EffectiveDefaults, grammar: TopLevelGrammar, json: bool) -> Result<Grammar, String> {
     if !d.grammar {
         return Err("grammars are turned off on this server (--grammar off)".into());
     }
-    engine.grammars.compile(grammar).map_err(|e| {
+    engine.grammars.compile(grammar, json).map_err(|e| {
         tracing::warn!(error = %e, "grammar does not compile: the constraint is stated in the prompt instead");
         format!("the constraint does not compile: {e}")
     })
@@ -259,7 +265,8 @@ pub fn chat(
         (None, Some(c)) => Some(TopLevelGrammar::from_grammar(c.grammar("answer"))),
         (None, None) => None,
     };
-    let compiled = grammar.map(|g| compile(engine, d, g));
+    let json = tools.is_some() || constraint.as_ref().is_some_and(Constraint::is_json);
+    let compiled = grammar.map(|g| compile(engine, d, g, json));
     let enforced = matches!(compiled, Some(Ok(_)));
 
     // What the system turn must say: the tools (unless the template renders them),
@@ -341,7 +348,7 @@ pub fn completion(
     let mut v = finish(common, &req.sampling, d, engine, ctx)?;
     // Raw completions have no template to state an unenforced constraint in: the
     // warning header alone tells the client.
-    match constraint.map(|c| compile(engine, d, TopLevelGrammar::from_grammar(c.grammar("answer")))) {
+    match constraint.map(|c| compile(engine, d, TopLevelGrammar::from_grammar(c.grammar("answer")), c.is_json())) {
         Some(Ok(g)) => v.params.grammar = Some(g),
         Some(Err(reason)) => v.warnings.push(reason),
         None => {}

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use corral_protocol::ApiError;
 use corral_protocol::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Completion,
-    CompletionChoice, CompletionLogprobs, Delta, FunctionCall, FunctionCallDelta, TokenLogprob, ToolCall, ToolCallDelta,
-    TopLogprob, Usage,
+    CompletionChoice, CompletionLogprobs, Delta, FunctionCall, FunctionCallDelta, TokenLogprob, ToolCall,
+    ToolCallDelta, TopLogprob, Usage,
 };
 use serde::Serialize;
 
@@ -77,7 +77,12 @@ pub fn call_start(index: usize, name: &str) -> ToolCallDelta {
 
 /// A later delta of a call: more of its arguments.
 pub fn call_args(index: usize, fragment: &str) -> ToolCallDelta {
-    ToolCallDelta { index, id: None, kind: None, function: FunctionCallDelta { name: None, arguments: Some(fragment.to_owned()) } }
+    ToolCallDelta {
+        index,
+        id: None,
+        kind: None,
+        function: FunctionCallDelta { name: None, arguments: Some(fragment.to_owned()) },
+    }
 }
 
 fn piece(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {

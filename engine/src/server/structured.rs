@@ -3,7 +3,10 @@
 //! naming the field; everything else becomes a `Constraint` / `ToolRequest`.
 
 use corral_protocol::ApiError;
-use corral_protocol::openai::{ChatCompletionRequest, ConstraintFields, ResponseFormat, Tool, ToolChoice};
+use corral_protocol::openai::{
+    ChatCompletionRequest, ConstraintFields, ResponseFormat, StructuredOutputs, Tool, ToolChoice,
+};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::grammar::Constraint;
@@ -12,7 +15,8 @@ use crate::tools::{ToolDef, ToolMode, ToolRequest};
 /// The constraint a request asks for, with the field that asked.
 pub fn constraint(f: &ConstraintFields) -> Result<Option<(String, Constraint)>, ApiError> {
     let mut found: Vec<(String, Constraint)> = Vec::new();
-    match &f.response_format {
+    let response_format: Option<ResponseFormat> = parse("response_format", &f.response_format)?;
+    match &response_format {
         None | Some(ResponseFormat::Text) => {}
         Some(ResponseFormat::JsonObject) => found.push(("response_format".into(), Constraint::JsonObject)),
         Some(ResponseFormat::JsonSchema { json_schema }) => {
@@ -35,9 +39,13 @@ pub fn constraint(f: &ConstraintFields) -> Result<Option<(String, Constraint)>, 
     if let Some(g) = &f.guided_grammar {
         found.push(("guided_grammar".into(), Constraint::Lark(g.clone())));
     }
-    if let Some(so) = &f.structured_outputs {
+    let structured_outputs: Option<StructuredOutputs> = parse("structured_outputs", &f.structured_outputs)?;
+    if let Some(so) = &structured_outputs {
         if let Some(v) = &so.json {
-            found.push(("structured_outputs.json".into(), Constraint::JsonSchema(schema("structured_outputs.json", v)?)));
+            found.push((
+                "structured_outputs.json".into(),
+                Constraint::JsonSchema(schema("structured_outputs.json", v)?),
+            ));
         }
         if let Some(rx) = &so.regex {
             found.push(("structured_outputs.regex".into(), Constraint::Regex(rx.clone())));
@@ -59,6 +67,14 @@ pub fn constraint(f: &ConstraintFields) -> Result<Option<(String, Constraint)>, 
         ));
     }
     Ok(found.pop())
+}
+
+/// A raw field in its typed shape; a mismatch is a 400 naming the field.
+fn parse<T: DeserializeOwned>(param: &str, v: &Option<Value>) -> Result<Option<T>, ApiError> {
+    v.as_ref()
+        .filter(|v| !v.is_null())
+        .map(|v| T::deserialize(v).map_err(|e| ApiError::invalid(param, format!("{param}: {e}"))))
+        .transpose()
 }
 
 /// A JSON schema given as an object (or `true`), or as a string holding one.
@@ -113,14 +129,20 @@ pub fn tools(req: &ChatCompletionRequest) -> Result<Option<ToolRequest>, ApiErro
     for (i, t) in list.iter().enumerate() {
         let def = tool(i, t)?;
         if tools.iter().any(|d| d.name == def.name) {
-            return Err(ApiError::invalid(&format!("tools[{i}].function.name"), format!("tool {:?} is listed twice", def.name)));
+            return Err(ApiError::invalid(
+                &format!("tools[{i}].function.name"),
+                format!("tool {:?} is listed twice", def.name),
+            ));
         }
         tools.push(def);
     }
     if let ToolMode::Named(n) = &mode
         && !tools.iter().any(|t| &t.name == n)
     {
-        return Err(ApiError::invalid("tool_choice.function.name", format!("tool_choice names {n:?}, which is not in `tools`")));
+        return Err(ApiError::invalid(
+            "tool_choice.function.name",
+            format!("tool_choice names {n:?}, which is not in `tools`"),
+        ));
     }
     // One call per answer unless asked (llama.cpp's default too): small local models
     // given the choice tend to repeat a call until they run out of tokens.
@@ -134,7 +156,10 @@ fn tool(i: usize, t: &Tool) -> Result<ToolDef, ApiError> {
             format!("only function tools are supported (got {:?})", t.kind),
         ));
     }
-    let f = t.function.as_ref().ok_or_else(|| ApiError::invalid(&format!("tools[{i}].function"), "a function tool needs `function`"))?;
+    let f = t
+        .function
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid(&format!("tools[{i}].function"), "a function tool needs `function`"))?;
     let name_ok = !f.name.is_empty()
         && f.name.len() <= 64
         && f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
@@ -184,7 +209,10 @@ mod tests {
         assert_eq!(c(r#"{"guided_choice":["a"]}"#), Some(("guided_choice".into(), "choice")));
         assert_eq!(c(r#"{"guided_grammar":"start: \"x\""}"#), Some(("guided_grammar".into(), "grammar")));
         assert_eq!(c(r#"{"structured_outputs":{"regex":"x"}}"#), Some(("structured_outputs.regex".into(), "regex")));
-        assert_eq!(c(r#"{"structured_outputs":{"json_object":true}}"#), Some(("structured_outputs.json_object".into(), "json_object")));
+        assert_eq!(
+            c(r#"{"structured_outputs":{"json_object":true}}"#),
+            Some(("structured_outputs.json_object".into(), "json_object"))
+        );
     }
 
     #[test]
@@ -197,19 +225,29 @@ mod tests {
 
     #[test]
     fn malformed_constraints_are_400s() {
-        for j in [r#"{"guided_json":"{not json"}"#, r#"{"guided_json":3}"#, r#"{"guided_choice":[]}"#] {
-            assert!(constraint(&fields(j)).is_err(), "{j}");
+        for (j, param) in [
+            (r#"{"guided_json":"{not json"}"#, "guided_json"),
+            (r#"{"guided_json":3}"#, "guided_json"),
+            (r#"{"guided_choice":[]}"#, "guided_choice"),
+            (r#"{"response_format":{"type":"yaml"}}"#, "response_format"),
+            (r#"{"structured_outputs":{"xml":"x"}}"#, "structured_outputs"),
+        ] {
+            assert_eq!(constraint(&fields(j)).unwrap_err().param.as_deref(), Some(param), "{j}");
         }
     }
 
-    const TOOLS: &str = r#""tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]"#;
+    const TOOLS: &str =
+        r#""tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]"#;
 
     #[test]
     fn tool_choice_modes() {
         let t = |extra: &str| tools(&chat(&format!("{{{TOOLS}{extra}}}"))).map(|r| r.map(|r| (r.mode, r.parallel)));
         assert_eq!(t("").unwrap(), Some((ToolMode::Auto, false)));
         assert_eq!(t(r#","tool_choice":"none""#).unwrap(), None);
-        assert_eq!(t(r#","tool_choice":"required","parallel_tool_calls":true"#).unwrap(), Some((ToolMode::Required, true)));
+        assert_eq!(
+            t(r#","tool_choice":"required","parallel_tool_calls":true"#).unwrap(),
+            Some((ToolMode::Required, true))
+        );
         assert_eq!(
             t(r#","tool_choice":{"type":"function","function":{"name":"get_weather"}}"#).unwrap(),
             Some((ToolMode::Named("get_weather".into()), false))
@@ -224,13 +262,17 @@ mod tests {
     fn bad_tools_name_the_field() {
         let e = |j: &str| tools(&chat(j)).unwrap_err().param;
         assert_eq!(e(r#"{"tools":[{"type":"web_search"}]}"#).as_deref(), Some("tools[0].type"));
-        assert_eq!(e(r#"{"tools":[{"type":"function","function":{"name":"a b"}}]}"#).as_deref(), Some("tools[0].function.name"));
+        assert_eq!(
+            e(r#"{"tools":[{"type":"function","function":{"name":"a b"}}]}"#).as_deref(),
+            Some("tools[0].function.name")
+        );
         assert_eq!(
             e(r#"{"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]}"#).as_deref(),
             Some("tools[0].function.parameters")
         );
         assert_eq!(
-            e(r#"{"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}"#).as_deref(),
+            e(r#"{"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}"#)
+                .as_deref(),
             Some("tools[1].function.name")
         );
     }

@@ -115,7 +115,8 @@ mod tests {
 
     const QWEN: &str = "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\nFor each function call, return a json object within <tool_call></tool_call> XML tags<|im_end|>{% endif %}";
     const LLAMA: &str = "{%- if tools is not none %}Environment: ipython\n{% endif %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ '<|python_tag|>' }}<|eot_id|>";
-    const MISTRAL: &str = "{%- if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]{{ calls|tojson }}";
+    const MISTRAL: &str =
+        "{%- if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]{{ calls|tojson }}";
     const SMOLLM: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
 
     #[test]

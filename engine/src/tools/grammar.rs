@@ -123,7 +123,11 @@ mod tests {
         ToolRequest {
             tools: vec![
                 ToolDef { name: "get_weather".into(), description: None, parameters: weather },
-                ToolDef { name: "get_time".into(), description: None, parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}) },
+                ToolDef {
+                    name: "get_time".into(),
+                    description: None,
+                    parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+                },
             ],
             mode,
             parallel,
@@ -161,7 +165,9 @@ mod tests {
         assert!(accepts(g(), &format!("Let me check.\n{W}")));
         assert!(!accepts(g(), "<tool_call>\nnot json"), "once a call starts it must parse");
         let with_answer = || {
-            let schema = Constraint::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}));
+            let schema = Constraint::JsonSchema(
+                json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+            );
             tool_grammar(&ToolFormat::fallback(), &req(ToolMode::Auto, true), Some(&schema))
         };
         assert!(accepts(with_answer(), "{\"a\": 1}"));

@@ -12,15 +12,15 @@ use super::{ToolMode, ToolRequest};
 /// The system text that describes the tools and how to call them.
 pub fn fallback_system(req: &ToolRequest) -> String {
     let fmt = ToolFormat::fallback();
-    let mut s = String::from(
-        "You can call functions (tools). Their names, descriptions and JSON Schemas for the arguments:\n",
-    );
+    let mut s =
+        String::from("You can call functions (tools). Their names, descriptions and JSON Schemas for the arguments:\n");
     for t in &req.tools {
         let spec = json!({"name": t.name, "description": t.description, "parameters": t.parameters});
         s.push_str(&spec.to_string());
         s.push('\n');
     }
-    let example = super::ParsedCall { name: "<function name>".into(), arguments: "<arguments as a JSON object>".into() };
+    let example =
+        super::ParsedCall { name: "<function name>".into(), arguments: "<arguments as a JSON object>".into() };
     s.push_str("\nTo call a function, reply with exactly:\n");
     s.push_str(&fmt.call_text(&example));
     s.push('\n');
@@ -63,7 +63,9 @@ mod tests {
         let s = fallback_system(&req);
         assert!(s.contains(r#""name":"get_weather""#), "{s}");
         assert!(s.contains("Weather for a city"));
-        assert!(s.contains("<tool_call>\n{\"name\": \"<function name>\", \"arguments\": <arguments as a JSON object>}\n</tool_call>"));
+        assert!(s.contains(
+            "<tool_call>\n{\"name\": \"<function name>\", \"arguments\": <arguments as a JSON object>}\n</tool_call>"
+        ));
         assert!(s.contains("You must call the function `get_weather` now."));
         assert_eq!(tool_response("42"), "<tool_response>\n42\n</tool_response>");
     }

@@ -20,9 +20,15 @@ use super::format::{HERMES_CLOSE, HERMES_OPEN, Syntax, ToolFormat};
 pub enum Piece {
     Content(String),
     /// A new call: its index among this answer's calls and the tool's name.
-    CallStart { index: usize, name: String },
+    CallStart {
+        index: usize,
+        name: String,
+    },
     /// More of a call's arguments (JSON text; the fragments concatenate).
-    CallArgs { index: usize, fragment: String },
+    CallArgs {
+        index: usize,
+        fragment: String,
+    },
 }
 
 enum State {
@@ -31,7 +37,9 @@ enum State {
     Start,
     Text,
     /// Inside a call (Hermes: after the opener; Llama 3 / Mistral: the answer is JSON).
-    Call { streaming: Option<usize> },
+    Call {
+        streaming: Option<usize>,
+    },
 }
 
 pub struct ToolStream {
@@ -119,7 +127,11 @@ impl ToolStream {
         }
         // Hold back a tail that could be the start of the opener. At the end, a
         // started opener after grammar-decoded calls is a call cut short, not content.
-        if last && self.enforced && self.calls > 0 && partial_suffix(self.held.trim(), HERMES_OPEN) == self.held.trim().len() {
+        if last
+            && self.enforced
+            && self.calls > 0
+            && partial_suffix(self.held.trim(), HERMES_OPEN) == self.held.trim().len()
+        {
             self.held.clear();
         }
         let keep = if last { 0 } else { partial_suffix(&self.held, HERMES_OPEN) };
@@ -265,7 +277,11 @@ fn lenient_calls(fmt: &ToolFormat, raw: &str) -> Option<Vec<ParsedCall>> {
         .into_iter()
         .map(|o| {
             let name = o.get("name")?.as_str()?.to_owned();
-            let args = o.get("arguments").or_else(|| o.get("parameters")).cloned().unwrap_or(Value::Object(Default::default()));
+            let args = o
+                .get("arguments")
+                .or_else(|| o.get("parameters"))
+                .cloned()
+                .unwrap_or(Value::Object(Default::default()));
             // Some models write the arguments as a JSON string.
             let args = match args {
                 Value::String(s) => serde_json::from_str::<Value>(&s).ok().filter(Value::is_object)?,

@@ -31,14 +31,18 @@ fn parse_all_splits(f: &ToolFormat, enforced: bool, text: &str) -> (Option<Strin
     whole
 }
 
-const W: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>";
+const W: &str =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>";
 
 #[test]
 fn hermes_single_call() {
     // Under the grammar the arguments are passed through as generated; without it they
     // are parsed, so they come back re-serialized.
     let f = fmt(Syntax::Hermes);
-    assert_eq!(parse_all_splits(&f, true, W), (None, vec![call("get_weather", r#"{"city": "Paris", "days": [1, 2]}"#)]));
+    assert_eq!(
+        parse_all_splits(&f, true, W),
+        (None, vec![call("get_weather", r#"{"city": "Paris", "days": [1, 2]}"#)])
+    );
     assert_eq!(parse_all_splits(&f, false, W), (None, vec![call("get_weather", r#"{"city":"Paris","days":[1,2]}"#)]));
 }
 
@@ -55,7 +59,10 @@ fn hermes_text_then_parallel_calls() {
 #[test]
 fn hermes_plain_text_and_near_misses_are_content() {
     let f = fmt(Syntax::Hermes);
-    assert_eq!(parse_all_splits(&f, true, "It is <b>sunny</b> <tool"), (Some("It is <b>sunny</b> <tool".into()), vec![]));
+    assert_eq!(
+        parse_all_splits(&f, true, "It is <b>sunny</b> <tool"),
+        (Some("It is <b>sunny</b> <tool".into()), vec![])
+    );
     // Unparseable call JSON without the grammar stays visible as content.
     let bad = "<tool_call>\n{name: get_weather}\n</tool_call>";
     assert_eq!(parse_all_splits(&f, false, bad), (Some(bad.into()), vec![]));

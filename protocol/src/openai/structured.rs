@@ -38,15 +38,18 @@ pub struct StructuredOutputs {
 }
 
 /// Every field that can constrain the output, flattened into both generation requests.
+/// The two object-valued fields stay raw JSON here: serde loses the field path inside
+/// a flattened struct, so the engine parses them itself (`ResponseFormat`,
+/// `StructuredOutputs`) to name the field in its 400.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 pub struct ConstraintFields {
-    pub response_format: Option<ResponseFormat>,
+    pub response_format: Option<Value>,
     /// vLLM: a JSON schema (object, or a string holding one).
     pub guided_json: Option<Value>,
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
-    pub structured_outputs: Option<StructuredOutputs>,
+    pub structured_outputs: Option<Value>,
 }
 
 #[cfg(test)]
@@ -58,8 +61,8 @@ mod tests {
         let f = |s: &str| serde_json::from_str::<ResponseFormat>(s);
         assert_eq!(f(r#"{"type":"text"}"#).unwrap(), ResponseFormat::Text);
         assert_eq!(f(r#"{"type":"json_object"}"#).unwrap(), ResponseFormat::JsonObject);
-        let s = f(r#"{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object"},"strict":true}}"#)
-            .unwrap();
+        let s =
+            f(r#"{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object"},"strict":true}}"#).unwrap();
         let ResponseFormat::JsonSchema { json_schema } = s else { panic!("json_schema") };
         assert_eq!(json_schema.name.as_deref(), Some("p"));
         assert!(f(r#"{"type":"xml"}"#).is_err(), "unknown types are refused");
