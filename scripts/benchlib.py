@@ -153,28 +153,29 @@ def start_gateway(binary, threads, run_dir, extra=()):
     return p, ("tcp", ("127.0.0.1", port))
 
 
+def peer_dir():
+    """Where scripts/build-peer put llama-server and llama-bench (built on first use)."""
+    out = subprocess.run([str(ROOT / "scripts/build-peer")], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 def start_peer(model, threads, ctx=4096, extra=()):
-    """llama.cpp's llama-server on `model`: (pid, target)."""
+    """llama.cpp's llama-server on `model` ($LLAMA_SERVER, else scripts/build-peer's):
+    (pid, target)."""
     port = free_port()
-    if os.environ.get("LLAMA_SERVER"):
-        p = subprocess.Popen([os.environ["LLAMA_SERVER"], "-m", str(model), "--port", str(port), "-t", str(threads),
-                              "-tb", str(threads), "-c", str(ctx), *extra],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        pid = p.pid
-        for _ in range(600):
-            try:
-                get_json(("tcp", ("127.0.0.1", port)), "/health")
-                break
-            except Exception:
-                time.sleep(0.2)
-    else:
-        peer = Path(os.environ.get("PEER_LLAMA_SERVER_SH", ROOT.parent / "shared/bench/peer-llama-server.sh"))
-        if not peer.exists():
-            sys.exit(f"{peer} not found; set LLAMA_SERVER or pass --no-peer")
-        out = subprocess.run([str(peer), str(port), str(model), *extra], check=True, capture_output=True, text=True,
-                             env={**os.environ, "THREADS": str(threads), "N_CTX": str(ctx)})
-        pid = int(out.stdout.strip().splitlines()[-1])
-    return pid, ("tcp", ("127.0.0.1", port))
+    binary = os.environ.get("LLAMA_SERVER") or str(peer_dir() / "llama-server")
+    p = subprocess.Popen([binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                          "-tb", str(threads), "-c", str(ctx), *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            get_json(("tcp", ("127.0.0.1", port)), "/health")
+            break
+        except Exception:
+            if p.poll() is not None:
+                sys.exit(f"llama-server exited with {p.returncode}")
+            time.sleep(0.2)
+    return p.pid, ("tcp", ("127.0.0.1", port))
 
 
 def med(xs):
