@@ -131,6 +131,14 @@ fn run_one(engine: &Engine, pc: &PromptCache, ctx: usize, job: Job, stats: &Stat
             seen.extend_from_slice(&outcome.tokens);
             pc.store(&seen, cache);
             stats.record(&outcome);
+            if !outcome.mask.is_zero() {
+                tracing::debug!(
+                    mask_us = outcome.mask.as_micros() as u64,
+                    decode_us = outcome.decode.as_micros() as u64,
+                    tokens = outcome.tokens.len(),
+                    "grammar masks"
+                );
+            }
             if outcome.finish == FinishReason::Cancelled {
                 stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(generated = outcome.tokens.len(), "request cancelled");
