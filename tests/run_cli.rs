@@ -152,3 +152,20 @@ fn bad_model_files_fail_with_one_clear_line() {
     std::fs::create_dir(&dir_as_model).unwrap();
     expect_clean_failure(dir_as_model.to_str().unwrap(), "not a regular file");
 }
+
+#[test]
+fn sampling_flags_out_of_range_refuse_to_start_naming_the_flag() {
+    for (flag, value) in [("--temperature", "9"), ("--top-p", "1.5"), ("--top-k", "2000000"), ("--min-p", "-0.1"), ("--grammar", "maybe")] {
+        for verb in ["serve", "engine"] {
+            let arg = format!("{flag}={value}");
+            let mut args = vec![verb, &arg];
+            if verb == "engine" {
+                args.extend(["--model", "x.gguf", "--socket", "/nonexistent/s"]);
+            }
+            let out = run_corral(&args, DEADLINE);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{verb} {flag} {value} started");
+            assert!(err.contains(flag), "{verb} {flag} {value}: {err}");
+        }
+    }
+}
