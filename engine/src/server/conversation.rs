@@ -198,6 +198,37 @@ mod tests {
         assert_eq!((out[2].role.as_str(), out[2].tool_call_id.as_deref()), ("tool", Some("c1")));
     }
 
+    /// A Hermes-style template that renders tools itself (written for this test in the
+    /// shape of Qwen 2.5's): the native path end to end through minijinja.
+    const NATIVE: &str = concat!(
+        "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>",
+        "\nCall tools inside <tool_call></tool_call>.<|im_end|>\n{% endif %}",
+        "{%- for m in messages %}",
+        "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant",
+        "{%- for tc in m.tool_calls %}\n<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n",
+        "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n",
+        "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}",
+        "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    );
+
+    #[test]
+    fn a_template_with_tool_syntax_renders_tools_and_history_itself() {
+        use crate::chat::ChatTemplate;
+        use crate::config::Arch;
+        let fmt = ToolFormat::detect(Some(NATIVE), |_| None);
+        assert!(fmt.native && fmt.syntax == Syntax::Hermes);
+        let t = ChatTemplate::new(Some(NATIVE), Arch::Llama, "", "", false).unwrap();
+        let msgs = template_messages(&turns(&msgs(HISTORY)).unwrap(), &fmt, &[]);
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+        let out = t.render(&msgs, Some(&tools), true).unwrap();
+        // (The template's own whitespace is trimmed by minijinja's block options.)
+        assert!(out.starts_with("<|im_start|>system\n<tools>{"), "{out}");
+        assert!(out.contains("\"name\":\"get_weather\""), "{out}");
+        assert!(out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Rome\"}}\n</tool_call>"), "{out}");
+        assert!(out.contains("<tool_response>\n24C\n</tool_response>"), "{out}");
+        assert!(out.ends_with("<|im_start|>assistant\n"), "{out}");
+    }
+
     #[test]
     fn system_text_goes_in_front_of_the_system_turn() {
         let t = turns(&msgs(r#"[{"role":"developer","content":"Be brief."},{"role":"user","content":"Hi"}]"#)).unwrap();
