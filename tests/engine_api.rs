@@ -278,10 +278,14 @@ fn context_limits() {
 
 #[test]
 fn omitted_max_tokens_means_512_for_raw_completions_and_the_context_for_chat() {
-    let r = engine().post("/v1/completions", &json!({"prompt": "Once upon a time", "temperature": 0, "ignore_eos": true}));
+    let r =
+        engine().post("/v1/completions", &json!({"prompt": "Once upon a time", "temperature": 0, "ignore_eos": true}));
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    assert_eq!((v["usage"]["completion_tokens"].as_u64(), v["choices"][0]["finish_reason"].as_str()), (Some(512), Some("length")));
+    assert_eq!(
+        (v["usage"]["completion_tokens"].as_u64(), v["choices"][0]["finish_reason"].as_str()),
+        (Some(512), Some("length"))
+    );
     // top_logprobs: -1 is "unset", as some clients send it.
     let r = engine().post("/v1/chat/completions", &chat(json!({"top_logprobs": -1})));
     assert_eq!(r.status, 200, "{}", r.text());

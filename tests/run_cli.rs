@@ -155,7 +155,13 @@ fn bad_model_files_fail_with_one_clear_line() {
 
 #[test]
 fn sampling_flags_out_of_range_refuse_to_start_naming_the_flag() {
-    for (flag, value) in [("--temperature", "9"), ("--top-p", "1.5"), ("--top-k", "2000000"), ("--min-p", "-0.1"), ("--grammar", "maybe")] {
+    for (flag, value) in [
+        ("--temperature", "9"),
+        ("--top-p", "1.5"),
+        ("--top-k", "2000000"),
+        ("--min-p", "-0.1"),
+        ("--grammar", "maybe"),
+    ] {
         for verb in ["serve", "engine"] {
             let arg = format!("{flag}={value}");
             let mut args = vec![verb, &arg];

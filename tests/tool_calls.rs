@@ -29,7 +29,8 @@ fn question() -> Value {
 }
 
 fn parameters(name: &str) -> Value {
-    tools().as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]["parameters"].clone()
+    tools().as_array().unwrap().iter().find(|t| t["function"]["name"] == name).unwrap()["function"]["parameters"]
+        .clone()
 }
 
 /// One call: its name is `want` (if given) and its arguments validate. The stream
@@ -60,7 +61,8 @@ fn round_trip(gw: &Gateway, model: &str, call_message: &Value, choice: Value, wh
     let mut messages = question().as_array().unwrap().clone();
     messages.push(call_message.clone());
     let id = call_message["tool_calls"][0]["id"].clone();
-    messages.push(json!({"role": "tool", "tool_call_id": id, "content": "{\"temperature_c\": 18, \"sky\": \"sunny\"}"}));
+    messages
+        .push(json!({"role": "tool", "tool_call_id": id, "content": "{\"temperature_c\": 18, \"sky\": \"sunny\"}"}));
     let body = request(model, &json!(messages), choice.clone());
 
     let r = gw.post("/apply-template", &body);
@@ -68,7 +70,10 @@ fn round_trip(gw: &Gateway, model: &str, call_message: &Value, choice: Value, wh
     let prompt = r.json()["prompt"].as_str().unwrap().to_owned();
     let name = call_message["tool_calls"][0]["function"]["name"].as_str().unwrap();
     assert!(prompt.contains(&format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": ")), "{what}: {prompt}");
-    assert!(prompt.contains("<tool_response>\n{\"temperature_c\": 18, \"sky\": \"sunny\"}\n</tool_response>"), "{what}: {prompt}");
+    assert!(
+        prompt.contains("<tool_response>\n{\"temperature_c\": 18, \"sky\": \"sunny\"}\n</tool_response>"),
+        "{what}: {prompt}"
+    );
 
     let r = gw.post("/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{what}: {}", r.text());
@@ -147,7 +152,10 @@ fn bad_tool_requests_are_400s_naming_the_field() {
         (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"tools": [{"type": "retrieval"}]}), "tools[0].type"),
         (json!({"tools": [{"type": "function", "function": {"name": "has space"}}]}), "tools[0].function.name"),
-        (json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice.function.name"),
+        (
+            json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "tool_choice.function.name",
+        ),
         (json!({"tools": tools(), "tool_choice": "maybe"}), "tool_choice"),
     ];
     for (extra, param) in cases {

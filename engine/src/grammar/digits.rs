@@ -33,7 +33,7 @@ impl DigitTable {
             }
             trailing.push((trail.min(u16::MAX as usize) as u16, !w.is_empty() && lead == w.len()));
         }
-        leading.sort_by(|a, b| b.1.cmp(&a.1));
+        leading.sort_by_key(|&(_, lead)| std::cmp::Reverse(lead));
         Self { leading, trailing }
     }
 

@@ -219,12 +219,16 @@ mod tests {
         assert!(fmt.native && fmt.syntax == Syntax::Hermes);
         let t = ChatTemplate::new(Some(NATIVE), Arch::Llama, "", "", false).unwrap();
         let msgs = template_messages(&turns(&msgs(HISTORY)).unwrap(), &fmt, &[]);
-        let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+        let tools =
+            json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
         let out = t.render(&msgs, Some(&tools), true).unwrap();
         // (The template's own whitespace is trimmed by minijinja's block options.)
         assert!(out.starts_with("<|im_start|>system\n<tools>{"), "{out}");
         assert!(out.contains("\"name\":\"get_weather\""), "{out}");
-        assert!(out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Rome\"}}\n</tool_call>"), "{out}");
+        assert!(
+            out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Rome\"}}\n</tool_call>"),
+            "{out}"
+        );
         assert!(out.contains("<tool_response>\n24C\n</tool_response>"), "{out}");
         assert!(out.ends_with("<|im_start|>assistant\n"), "{out}");
     }

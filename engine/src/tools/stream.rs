@@ -223,7 +223,7 @@ impl ToolStream {
         let end = rest.find('"')?;
         let name = rest[..end].to_owned();
         let head = self.fmt.call_head(&name);
-        body.starts_with(&head).then(|| (name, head.len()))
+        body.starts_with(&head).then_some((name, head.len()))
     }
 
     /// A call that is not (yet) in the exact layout: wait for its end, then parse it
