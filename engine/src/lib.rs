@@ -17,6 +17,7 @@ pub mod grammar;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod reasoning;
 pub mod sampler;
 pub mod server;
 pub mod stop;
