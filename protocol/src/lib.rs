@@ -4,11 +4,13 @@
 //! engine and the gateway depend on it, so a string that crosses a process boundary is
 //! defined here exactly once.
 
+pub mod anthropic;
 pub mod engine_wire;
 pub mod error;
 pub mod http_limits;
 mod model_id;
 pub mod openai;
+pub mod responses;
 
 pub use error::{ApiError, ErrorKind};
 pub use model_id::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};
