@@ -4,6 +4,7 @@
 //! code: an engine is a process reached over HTTP on a unix socket.
 
 pub mod child;
+pub mod gguf_meta;
 pub mod policy;
 pub mod pool;
 pub mod registry;
