@@ -7,6 +7,7 @@
 //! deadline) and exit 0; stdin EOF (the parent is gone) cuts work and exits at once;
 //! a second signal exits at once.
 
+mod answer;
 mod body;
 mod conversation;
 mod http;

@@ -1,0 +1,132 @@
+//! A generated answer read as its parts, the same for every API: reasoning (split out
+//! of `<think>…</think>` when the model reasons), answer text, and tool calls (when
+//! the request offered tools). Each API renders these parts in its own shape; streams
+//! render them as they come, whole responses render them collected, so the two never
+//! disagree.
+
+use crate::reasoning::{Part, ThinkSplit};
+use crate::tools::ParsedCall;
+use crate::tools::stream::{Piece, ToolStream};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnswerPiece {
+    Reasoning(String),
+    Text(String),
+    CallStart { index: usize, name: String },
+    CallArgs { index: usize, fragment: String },
+}
+
+pub struct AnswerStream {
+    think: Option<ThinkSplit>,
+    tools: Option<ToolStream>,
+}
+
+impl AnswerStream {
+    pub fn new(think: Option<ThinkSplit>, tools: Option<ToolStream>) -> Self {
+        Self { think, tools }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<AnswerPiece> {
+        let parts = match self.think.as_mut() {
+            Some(t) => t.push(text),
+            None => vec![Part::Answer(text.to_owned())],
+        };
+        self.route(parts, false)
+    }
+
+    pub fn finish(&mut self) -> Vec<AnswerPiece> {
+        let parts = self.think.as_mut().map(ThinkSplit::finish).unwrap_or_default();
+        self.route(parts, true)
+    }
+
+    /// How many tool calls the answer has started.
+    pub fn calls(&self) -> usize {
+        self.tools.as_ref().map_or(0, ToolStream::calls)
+    }
+
+    fn route(&mut self, parts: Vec<Part>, last: bool) -> Vec<AnswerPiece> {
+        let mut out = Vec::new();
+        for p in parts {
+            match (p, self.tools.as_mut()) {
+                (Part::Reasoning(t), _) => out.push(AnswerPiece::Reasoning(t)),
+                (Part::Answer(t), Some(tools)) => out.extend(tools.push(&t).into_iter().map(from_tool)),
+                (Part::Answer(t), None) => out.push(AnswerPiece::Text(t)),
+            }
+        }
+        if last && let Some(tools) = self.tools.as_mut() {
+            out.extend(tools.finish().into_iter().map(from_tool));
+        }
+        out.retain(|p| !matches!(p, AnswerPiece::Reasoning(t) | AnswerPiece::Text(t) if t.is_empty()));
+        out
+    }
+}
+
+fn from_tool(p: Piece) -> AnswerPiece {
+    match p {
+        Piece::Content(t) => AnswerPiece::Text(t),
+        Piece::CallStart { index, name } => AnswerPiece::CallStart { index, name },
+        Piece::CallArgs { index, fragment } => AnswerPiece::CallArgs { index, fragment },
+    }
+}
+
+/// A whole answer, collected.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answer {
+    pub reasoning: Option<String>,
+    pub text: Option<String>,
+    pub calls: Vec<ParsedCall>,
+}
+
+impl Answer {
+    pub fn collect(pieces: impl IntoIterator<Item = AnswerPiece>) -> Self {
+        let mut a = Answer::default();
+        for p in pieces {
+            match p {
+                AnswerPiece::Reasoning(t) => a.reasoning.get_or_insert_default().push_str(&t),
+                AnswerPiece::Text(t) => a.text.get_or_insert_default().push_str(&t),
+                AnswerPiece::CallStart { name, .. } => a.calls.push(ParsedCall { name, arguments: String::new() }),
+                AnswerPiece::CallArgs { index, fragment } => {
+                    if let Some(c) = a.calls.get_mut(index) {
+                        c.arguments.push_str(&fragment);
+                    }
+                }
+            }
+        }
+        for c in &mut a.calls {
+            if c.arguments.is_empty() {
+                c.arguments = "{}".into();
+            }
+        }
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::format::ToolFormat;
+
+    #[test]
+    fn reasoning_then_a_call() {
+        let mut s = AnswerStream::new(Some(ThinkSplit::new("")), Some(ToolStream::new(ToolFormat::fallback(), true)));
+        let text = "<think>Need weather.</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call>";
+        let mut pieces = Vec::new();
+        for ch in text.chars() {
+            pieces.extend(s.push(&ch.to_string()));
+        }
+        pieces.extend(s.finish());
+        let a = Answer::collect(pieces);
+        assert_eq!(a.reasoning.as_deref(), Some("Need weather."));
+        assert_eq!(a.text, None);
+        assert_eq!(a.calls, vec![ParsedCall { name: "w".into(), arguments: "{\"c\": 1}".into() }]);
+        assert_eq!(s.calls(), 1);
+    }
+
+    #[test]
+    fn plain_text_passes_through() {
+        let mut s = AnswerStream::new(None, None);
+        let mut p = s.push("Hello");
+        p.extend(s.finish());
+        assert_eq!(Answer::collect(p), Answer { reasoning: None, text: Some("Hello".into()), calls: vec![] });
+    }
+}
