@@ -48,21 +48,36 @@ impl Engine {
     pub fn load(path: &Path) -> Result<Self> {
         let start = Instant::now();
         let g = Gguf::open(path)?;
-        // Hash the file on a second thread while the model loads (it reads the same
-        // mapped pages).
-        let (model, fingerprint) = std::thread::scope(|s| {
+        tracing::debug!(ms = start.elapsed().as_millis() as u64, "model file opened");
+        // Three independent jobs over the same mapped file run at once: the weights, the
+        // file hash (the prompt cache's identity) and the tokenizer (Gemma's 262k-piece
+        // vocabulary takes as long to build as its weights take to load). Model switches
+        // wait on the slowest of them instead of on their sum.
+        let (model, (fingerprint, tokenizer_hash), tokenizer) = std::thread::scope(|s| {
             let hasher = s.spawn(|| {
+                let t = Instant::now();
                 let mut h = blake3::Hasher::new();
                 h.update(&file_kv_version_tag());
                 h.update(g.bytes());
-                *h.finalize().as_bytes()
+                let hashes = (*h.finalize().as_bytes(), g.tokenizer_hash());
+                tracing::debug!(ms = t.elapsed().as_millis() as u64, "model file hashed");
+                hashes
             });
+            let tokenizer = s.spawn(|| {
+                let t = Instant::now();
+                let tok = Tokenizer::from_gguf(&g);
+                tracing::debug!(ms = t.elapsed().as_millis() as u64, "tokenizer built");
+                tok
+            });
+            let t = Instant::now();
             let model = Model::load(&g);
-            (model, hasher.join().expect("hashing does not panic"))
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "weights loaded");
+            let fingerprint = hasher.join().expect("hashing does not panic");
+            let tokenizer = tokenizer.join().expect("tokenizer construction does not panic");
+            (model, fingerprint, tokenizer)
         });
         let model = model?;
-        let tokenizer_hash = g.tokenizer_hash();
-        let tokenizer = Tokenizer::from_gguf(&g)?;
+        let tokenizer = tokenizer?;
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
         let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
         let gguf_template = g.opt_str("tokenizer.chat_template");

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use corral_protocol::engine_wire::ReadyEvent;
+use corral_protocol::engine_wire::{EngineEvent, Ready as ReadyEvent};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde::Serialize;
@@ -62,9 +62,7 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
         tokio::spawn(async move {
             let mut lines = BufReader::new(out).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(ev) = serde_json::from_str::<ReadyEvent>(&line)
-                    && ev.event == "ready"
-                {
+                if let Some(EngineEvent::Ready(ev)) = EngineEvent::parse(&line) {
                     let _ = tx.send(ProcEvent::Ready(ev));
                 }
             }

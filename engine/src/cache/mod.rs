@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use corral_protocol::engine_wire::{PromptCacheStats, SsdCacheStats};
 use serde::Serialize;
 
 use crate::kv::{KvShape, SeqCache};
@@ -221,39 +222,39 @@ impl PromptCache {
         report
     }
 
-    pub fn stats(&self) -> serde_json::Value {
+    pub fn stats(&self) -> (PromptCacheStats, Option<SsdCacheStats>) {
         let ram = self.ram();
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let prompt = serde_json::json!({
-            "entries": ram.len(),
-            "bytes": ram.bytes(),
-            "max_bytes": self.cfg.ram_bytes,
-            "hits": ld(&self.counters.hits),
-            "misses": ld(&self.counters.misses),
-            "hit_tokens": ld(&self.counters.hit_tokens),
-        });
-        drop(ram);
-        let ssd = match &self.ssd {
-            None => serde_json::Value::Null,
-            Some(s) => {
-                let (entries, bytes) = s.entries();
-                let c = &s.counters;
-                serde_json::json!({
-                    "dir": s.dir.display().to_string(),
-                    "usable": s.unusable.is_none(),
-                    "error": s.unusable,
-                    "entries": entries,
-                    "bytes": bytes,
-                    "max_bytes": s.max_bytes,
-                    "restores": ld(&c.restores),
-                    "restore_ms_last": ld(&c.restore_ms_last),
-                    "spills": ld(&c.spills),
-                    "demotions": ld(&c.demotions),
-                    "failed_spills": ld(&c.failed_spills),
-                    "rejected_files": ld(&c.rejected_files),
-                })
-            }
+        let prompt = PromptCacheStats {
+            entries: ram.len(),
+            bytes: ram.bytes(),
+            max_bytes: self.cfg.ram_bytes,
+            hits: ld(&self.counters.hits),
+            misses: ld(&self.counters.misses),
+            hit_tokens: ld(&self.counters.hit_tokens),
         };
-        serde_json::json!({"prompt_cache": prompt, "ssd_cache": ssd})
+        drop(ram);
+        let ssd = self.ssd.as_ref().map(|s| {
+            let (entries, bytes) = s.entries();
+            let c = &s.counters;
+            SsdCacheStats {
+                dir: s.dir.display().to_string(),
+                usable: s.unusable.is_none(),
+                error: s.unusable.clone(),
+                entries,
+                bytes,
+                max_bytes: s.max_bytes,
+                restores: ld(&c.restores),
+                restore_ms_last: ld(&c.restore_ms_last),
+                spills: ld(&c.spills),
+                demotions: ld(&c.demotions),
+                failed_spills: ld(&c.failed_spills),
+                rejected_files: ld(&c.rejected_files),
+                pending_spills: 0,
+                pending_spill_bytes: 0,
+                dropped_spills: 0,
+            }
+        });
+        (prompt, ssd)
     }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use corral_protocol::engine_wire::ReadyEvent;
+use corral_protocol::engine_wire::{EngineEvent, Ready};
 use corral_protocol::http_limits;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::mpsc;
@@ -104,16 +104,15 @@ async fn serve(
     let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
     watch_signals(stop_tx.clone())?;
     watch_stdin(stop_tx);
-    let ready = ReadyEvent {
-        event: "ready".into(),
+    let ready = EngineEvent::Ready(Ready {
         pid: std::process::id(),
         socket: cfg.socket.display().to_string(),
         model: cfg.model_id.clone(),
         load_ms,
-    };
+    });
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", serde_json::to_string(&ready).unwrap_or_default())?;
+        writeln!(out, "{}", ready.to_line())?;
         out.flush()?;
     }
     tracing::info!(socket = %cfg.socket.display(), model = %cfg.model_id, load_ms, "engine ready");

@@ -69,7 +69,7 @@ impl Stats {
         model_file_bytes: u64,
         cache: &crate::cache::PromptCache,
     ) -> EngineStats {
-        let mut c = cache.stats();
+        let (prompt_cache, ssd_cache) = cache.stats();
         let g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
         EngineStats {
             model: model.to_owned(),
@@ -87,8 +87,8 @@ impl Stats {
             last: g.0.clone(),
             avg: g.1.clone(),
             memory: Memory { rss_bytes: rss_bytes(), model_file_bytes },
-            prompt_cache: c["prompt_cache"].take(),
-            ssd_cache: c["ssd_cache"].take(),
+            prompt_cache,
+            ssd_cache,
         }
     }
 }
