@@ -155,6 +155,12 @@ impl Lease {
     }
 }
 
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("model", &self.model).field("pid", &self.pid).finish()
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         self.release_inner();
@@ -568,3 +574,7 @@ async fn keep_alive_loop(shared: Arc<Shared>, ttl: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

@@ -81,3 +81,63 @@ pub async fn stop_engine(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use corral_protocol::ModelId;
+    use corral_protocol::launch::{EngineLaunch, EngineOptions};
+
+    use super::*;
+    use crate::procs::RealProcs;
+
+    /// A real process group that ignores SIGTERM (a shell and its child): the stop path
+    /// kills the whole group at the deadline and reports the reaped exit.
+    #[tokio::test]
+    async fn an_engine_ignoring_sigterm_loses_its_whole_group_at_the_deadline() {
+        let dir = std::env::temp_dir().join(format!("corral-stop-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("engine.sh");
+        let child_file = dir.join("child");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\ntrap '' TERM\nsleep 1000 &\necho $! > {}\nwait\n", child_file.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let procs = RealProcs::new(script).unwrap();
+        let launch = EngineLaunch {
+            model: "/nonexistent.gguf".into(),
+            id: ModelId::new("t").unwrap(),
+            socket: dir.join("absent.sock"),
+            options: EngineOptions::default(),
+        };
+        let started = procs.start(launch).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let grandchild = loop {
+            if let Some(pid) = std::fs::read_to_string(&child_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "the script did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let proc = Proc { pid: started.pid, socket: dir.join("absent.sock") };
+        let policy = StopPolicy { drain: Some(Duration::from_millis(100)), term_grace: Duration::from_millis(300) };
+        let t0 = Instant::now();
+        let info = stop_engine(&procs, &proc, started.exited, policy).await.expect("an exit");
+        assert_eq!(info.signal, Some(9), "{info:?}");
+        assert!(t0.elapsed() >= Duration::from_millis(300), "SIGTERM was given its grace");
+        assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+        // The grandchild was in the group: gone too (a zombie at most, reaped by init).
+        let gone = Instant::now() + Duration::from_secs(5);
+        while nix::sys::signal::kill(nix::unistd::Pid::from_raw(grandchild), None).is_ok()
+            && !std::fs::read_to_string(format!("/proc/{grandchild}/stat")).is_ok_and(|s| s.contains(") Z"))
+        {
+            assert!(Instant::now() < gone, "the group's other process survived");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(started.hold);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
