@@ -49,14 +49,13 @@ pub fn ensure_dir(dir: &Path, access: Access) -> Result<(), DirError> {
         return Err(bad(format!("is owned by uid {}, not {me}", meta.uid())));
     }
     let mode = meta.mode() & 0o777;
-    let (forbidden, want) = match access {
-        Access::Private => (0o077, "no access for group or others (700)"),
-        Access::NoForeignWrites => (0o022, "not writable by group or others"),
-    };
-    if mode & forbidden != 0 {
-        return Err(bad(format!("has mode {mode:o}; it must be {want}")));
+    match access {
+        Access::Private if mode & 0o077 != 0 => {
+            Err(bad(format!("has mode {mode:o}; it must be 700 (no access for other users)")))
+        }
+        Access::NoForeignWrites if mode & 0o022 != 0 => Err(bad(format!("is writable by other users (mode {mode:o})"))),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
