@@ -31,15 +31,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::child::{self, ExitInfo, Tail};
 use crate::error::LeaseError;
+pub use crate::lease::Lease;
 use crate::policy::{self, Limits, Resident};
-use crate::procs::{ExitWatch, Procs, RealProcs, Started, wait_exit};
+use crate::procs::{ExitWatch, Procs, RealProcs};
 use crate::registry::ModelEntry;
-use crate::slot::{Admit, Counter, Effect, Event, Exit, Proc, Slot, StopHow, StopReason};
+use crate::slot::{Admit, Counter, Effect, Event, Slot, StopHow, StopReason};
 use crate::state::EngineState;
 use crate::stop::{StopPolicy, stop_engine};
-
-/// The health probe after the ready line (the engine answers it from its I/O thread).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::tasks;
 
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -80,8 +79,8 @@ pub(crate) struct Model {
     pub(crate) entry: ModelEntry,
     pub(crate) slot: Slot,
     /// The exit event of the live process (the stop path awaits it).
-    exited: Option<ExitWatch>,
-    tail: Option<Tail>,
+    pub(crate) exited: Option<ExitWatch>,
+    pub(crate) tail: Option<Tail>,
     pub(crate) card: Option<ModelCard>,
     pub(crate) last_exit: Option<ExitInfo>,
     pub(crate) started_at: Option<u64>,
@@ -108,17 +107,17 @@ impl Model {
 
 pub(crate) struct Inner {
     pub(crate) models: BTreeMap<ModelId, Model>,
-    shutting_down: bool,
+    pub(crate) shutting_down: bool,
 }
 
 pub(crate) struct Shared {
     pub(crate) cfg: PoolConfig,
-    procs: Arc<dyn Procs>,
+    pub(crate) procs: Arc<dyn Procs>,
     inner: Mutex<Inner>,
-    changed: Notify,
+    pub(crate) changed: Notify,
     pub(crate) counters: Counters,
     tasks: TaskTracker,
-    stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
 }
 
 #[derive(Clone)]
@@ -126,49 +125,8 @@ pub struct Pool {
     pub(crate) shared: Arc<Shared>,
 }
 
-/// One request's claim on a ready engine; dropping it gives the claim back.
-pub struct Lease {
-    shared: Arc<Shared>,
-    pub model: ModelId,
-    pub socket: PathBuf,
-    pub pid: u32,
-    released: bool,
-}
-
-impl Lease {
-    /// Give the slot back early (the proxy does this before retrying a connect).
-    pub fn release(mut self) {
-        self.release_inner();
-    }
-
-    fn release_inner(&mut self) {
-        if std::mem::replace(&mut self.released, true) {
-            return;
-        }
-        let fx = {
-            let mut g = self.shared.lock();
-            let Some(m) = g.models.get_mut(&self.model) else { return };
-            m.last_used_at = Some(child::unix_secs());
-            m.slot.release(now())
-        };
-        self.shared.perform(&self.model, fx);
-    }
-}
-
-impl std::fmt::Debug for Lease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease").field("model", &self.model).field("pid", &self.pid).finish()
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.release_inner();
-    }
-}
-
 /// The current time on tokio's clock (paused in tests), as the slots see it.
-fn now() -> Instant {
+pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 
@@ -210,7 +168,7 @@ impl Pool {
             stop: CancellationToken::new(),
         });
         if let Some(ttl) = shared.cfg.keep_alive {
-            shared.tasks.spawn(keep_alive_loop(shared.clone(), ttl));
+            shared.tasks.spawn(tasks::keep_alive_loop(shared.clone(), ttl));
         }
         Self { shared }
     }
@@ -283,7 +241,7 @@ impl Pool {
                         m.slot.lease(t);
                         m.last_used_at = Some(child::unix_secs());
                         let (socket, pid) = (proc.socket, proc.pid);
-                        return Ok(Lease { shared: shared.clone(), model: id, socket, pid, released: false });
+                        return Ok(Lease::new(shared.clone(), id, socket, pid));
                     }
                     Admit::Refuse(e) => return Err(e),
                     Admit::Wait { until: u, starting } => {
@@ -363,7 +321,7 @@ impl Shared {
     }
 
     /// Feed one model's slot an event and perform what it asks for.
-    fn step(self: &Arc<Self>, id: &ModelId, ev: Event) {
+    pub(crate) fn step(self: &Arc<Self>, id: &ModelId, ev: Event) {
         let fx = {
             let mut g = self.lock();
             let Some(m) = g.models.get_mut(id) else { return };
@@ -372,7 +330,7 @@ impl Shared {
         self.perform(id, fx);
     }
 
-    fn perform(self: &Arc<Self>, id: &ModelId, fx: Vec<Effect>) {
+    pub(crate) fn perform(self: &Arc<Self>, id: &ModelId, fx: Vec<Effect>) {
         for e in fx {
             match e {
                 Effect::Spawn { generation } => {
@@ -386,7 +344,7 @@ impl Shared {
                             options: self.cfg.engine_options.clone(),
                         }
                     };
-                    self.tasks.spawn(run_engine(self.clone(), id.clone(), generation, launch));
+                    self.tasks.spawn(tasks::run_engine(self.clone(), id.clone(), generation, launch));
                 }
                 Effect::Stop { generation, proc, how } => {
                     let exited = {
@@ -469,110 +427,6 @@ fn has_room(g: &Inner, id: &ModelId, cfg: &PoolConfig) -> bool {
     let others: Vec<Resident<ModelId>> = residents(g).filter(|r| r.key != *id).collect();
     let bytes = g.models.get(id).map_or(0, Model::bytes);
     policy::can_start(&others, bytes, &Limits { cap: cfg.cap, memory_budget: cfg.memory_budget })
-}
-
-/// One engine process from spawn to reaped exit: spawn, wait for the ready line and a
-/// health answer (within the load timeout), then watch until it exits.
-async fn run_engine(shared: Arc<Shared>, id: ModelId, generation: u64, launch: EngineLaunch) {
-    let socket = launch.socket.clone();
-    let Started { pid, ready, mut exited, tail, hold } = match shared.procs.start(launch).await {
-        Ok(s) => s,
-        Err(e) => {
-            let line = format!("spawn failed: {e}");
-            tracing::error!(model = %id, error = %e, "could not start the engine");
-            let info = ExitInfo { code: None, signal: None, at: child::unix_secs(), stderr_tail: vec![line.clone()] };
-            shared.lock().models.get_mut(&id).map(|m| m.last_exit = Some(info));
-            shared.step(&id, Event::Exited { generation, exit: Exit { code: None, signal: None, line } });
-            return;
-        }
-    };
-    if let Some(m) = shared.lock().models.get_mut(&id) {
-        m.exited = Some(exited.clone());
-        m.tail = Some(tail.clone());
-    }
-    shared.step(&id, Event::Spawned { generation, proc: Proc { pid, socket: socket.clone() } });
-    let up = async {
-        // A closed ready channel means the process ended: let the exit branch win.
-        if ready.await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        shared.procs.probe(socket.clone(), PROBE_TIMEOUT).await
-    };
-    let mut watch = exited.clone();
-    tokio::select! {
-        r = tokio::time::timeout(shared.cfg.load_timeout, up) => match r {
-            Ok(Ok(card)) => {
-                if let (Some(card), Some(m)) = (card, shared.lock().models.get_mut(&id)) {
-                    m.card = Some(card);
-                }
-                shared.step(&id, Event::Ready { generation });
-            }
-            Ok(Err(why)) => {
-                tracing::error!(model = %id, pid, error = %why, "engine announced ready but does not answer; killing it");
-                shared.step(&id, Event::Stop { why: StopReason::LoadTimeout, pid: Some(pid) });
-            }
-            Err(_) => {
-                tracing::error!(model = %id, pid, "engine did not become ready in time; killing it");
-                shared.step(&id, Event::Stop { why: StopReason::LoadTimeout, pid: Some(pid) });
-            }
-        },
-        _ = wait_exit(&mut watch) => {}
-    }
-    let mut info = wait_exit(&mut exited).await;
-    if info.stderr_tail.is_empty() {
-        info.stderr_tail = tail.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-    }
-    let line = child::last_error_line(&info.stderr_tail).unwrap_or_else(|| "no output".into());
-    tracing::info!(model = %id, pid, code = ?info.code, signal = ?info.signal, "engine exited");
-    let exit = Exit { code: info.code, signal: info.signal, line };
-    if let Some(m) = shared.lock().models.get_mut(&id) {
-        m.last_exit = Some(info);
-        if m.slot.live_generation() == Some(generation) {
-            m.exited = None;
-        }
-    }
-    shared.step(&id, Event::Exited { generation, exit });
-    drop(hold);
-}
-
-/// Stop engines idle past `ttl`. It sleeps until the earliest expiry, or until a lease
-/// changes something.
-async fn keep_alive_loop(shared: Arc<Shared>, ttl: Duration) {
-    loop {
-        let notified = shared.changed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let (due, next): (Vec<ModelId>, Option<Instant>) = {
-            let g = shared.lock();
-            if g.shutting_down {
-                return;
-            }
-            let t = now();
-            let deadlines: Vec<(ModelId, Instant)> =
-                g.models.iter().filter_map(|(id, m)| Some((id.clone(), m.slot.keep_alive_due(ttl)?))).collect();
-            let next = deadlines.iter().map(|(_, at)| *at).filter(|at| *at > t).min();
-            (deadlines.into_iter().filter(|(_, at)| *at <= t).map(|(id, _)| id).collect(), next)
-        };
-        for id in &due {
-            tracing::info!(model = %id, ttl_s = ttl.as_secs_f64(), "keep-alive expired; stopping the idle engine");
-            shared.step(id, Event::Stop { why: StopReason::KeepAlive, pid: None });
-        }
-        if !due.is_empty() {
-            continue;
-        }
-        let expiry = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-                // Nothing is idle and ready: only a change can make something expire.
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = shared.stop.cancelled() => return,
-            _ = &mut notified => {}
-            _ = expiry => {}
-        }
-    }
 }
 
 #[cfg(test)]

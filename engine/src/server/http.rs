@@ -65,7 +65,8 @@ enum Op {
 }
 
 impl Op {
-    fn parse(method: &Method, path: &str) -> Result<Op, Response<Body>> {
+    /// The operation, or the refusal and the method to name in `Allow`.
+    fn parse(method: &Method, path: &str) -> Result<Op, (ApiError, Option<&'static str>)> {
         let (op, allowed) = match path {
             "/health" => (Op::Health, Method::GET),
             "/v1/models" => (Op::Models, Method::GET),
@@ -74,14 +75,11 @@ impl Op {
             "/admin/cache/flush" => (Op::AdminFlush, Method::POST),
             "/v1/chat/completions" => (Op::Generate(Route::Chat), Method::POST),
             "/v1/completions" => (Op::Generate(Route::Completion), Method::POST),
-            _ => return Err(error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {path}")))),
+            _ => return Err((ApiError::new(ErrorKind::NotFound, format!("no route {path}")), None)),
         };
         if *method != allowed {
             let e = ApiError::new(ErrorKind::MethodNotAllowed, format!("{method} is not allowed on {path}"));
-            let mut r = error_response(&e);
-            let allow = if allowed == Method::GET { "GET" } else { "POST" };
-            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
-            return Err(r);
+            return Err((e, Some(if allowed == Method::GET { "GET" } else { "POST" })));
         }
         Ok(op)
     }
@@ -96,7 +94,13 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
 async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let op = match Op::parse(req.method(), req.uri().path()) {
         Ok(op) => op,
-        Err(refused) => return refused,
+        Err((e, allow)) => {
+            let mut r = error_response(&e);
+            if let Some(allow) = allow {
+                r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            return r;
+        }
     };
     match op {
         Op::Health => json_response(r#"{"status":"ok"}"#),
