@@ -125,6 +125,9 @@ pub struct Pool {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// How long a retry waits for the successor of an engine that refused a connection.
+pub const AVOID_GRACE: Duration = Duration::from_secs(2);
+
 /// The current time on tokio's clock (paused in tests), as the slots see it.
 pub(crate) fn now() -> Instant {
     tokio::time::Instant::now().into_std()
@@ -212,8 +215,10 @@ impl Pool {
         self.lease_avoiding(requested, None).await
     }
 
-    /// Like `lease`, but never the engine process `avoid` (one that just refused a
-    /// connection: its exit is on the way, wait for its successor).
+    /// Like `lease`, but not the engine process `avoid` (one that just refused a
+    /// connection: its exit is on the way, wait for its successor) — unless it is still
+    /// the ready engine after `AVOID_GRACE` (alive but unreachable: the caller then fails
+    /// on it instead of waiting for a successor that is not coming).
     pub async fn lease_avoiding(&self, requested: Option<&str>, avoid: Option<u32>) -> Result<Lease, LeaseError> {
         let id = self.route(requested)?;
         let shared = &self.shared;
@@ -236,7 +241,10 @@ impl Pool {
                 let room = has_room(&g, &id, cfg);
                 let m = g.models.get_mut(&id).expect("routed ids exist");
                 match m.slot.admit(t, waited_on) {
-                    Admit::Grant { proc, .. } if Some(proc.pid) == avoid => vec![],
+                    Admit::Grant { proc, .. } if Some(proc.pid) == avoid && t < asked + AVOID_GRACE => {
+                        until = Some(asked + AVOID_GRACE);
+                        vec![]
+                    }
                     Admit::Grant { proc, .. } => {
                         m.slot.lease(t);
                         m.last_used_at = Some(child::unix_secs());

@@ -339,11 +339,16 @@ async fn a_retry_never_gets_the_engine_that_refused_it() {
     let first = pool.lease(Some("a")).await.unwrap().pid;
     let p = pool.clone();
     let retry = tokio::spawn(async move { p.lease_avoiding(Some("a"), Some(first)).await.map(|l| l.pid) });
-    tokio::time::sleep(s(1)).await;
+    tokio::time::sleep(ms(1500)).await;
     assert!(!retry.is_finished(), "the old engine is still ready but refused the connection");
     fake.exit(first, None, Some(9));
     let second = retry.await.unwrap().unwrap();
     assert_ne!(second, first);
+    // An engine that refused but lives on is handed out again after the grace period
+    // (the retry then fails on it instead of waiting for a successor).
+    let t0 = Instant::now();
+    assert_eq!(pool.lease_avoiding(Some("a"), Some(second)).await.unwrap().pid, second);
+    assert_eq!(t0.elapsed(), AVOID_GRACE);
 }
 
 #[tokio::test(start_paused = true)]
