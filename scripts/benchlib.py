@@ -168,7 +168,7 @@ def start_peer(model, threads, ctx=4096, extra=()):
             except Exception:
                 time.sleep(0.2)
     else:
-        peer = Path(os.environ.get("PEER_LLAMA_SERVER_SH", ROOT.parent / "shared/bench/peer-llama-server.sh"))
+        peer = Path(os.environ.get("PEER_LLAMA_SERVER_SH", ROOT / "scripts/peer-llama-server"))
         if not peer.exists():
             sys.exit(f"{peer} not found; set LLAMA_SERVER or pass --no-peer")
         out = subprocess.run([str(peer), str(port), str(model), *extra], check=True, capture_output=True, text=True,

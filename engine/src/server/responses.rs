@@ -220,7 +220,7 @@ pub fn sse_done() -> Bytes {
 
 /// The terminal event of a stream that failed after it started.
 pub fn sse_error(e: &ApiError) -> Bytes {
-    sse(&e.to_json())
+    Bytes::from(e.sse_event(corral_protocol::ApiShape::OpenAi))
 }
 
 fn json<T: Serialize>(v: &T) -> String {
