@@ -194,7 +194,7 @@ pub fn engine(args: EngineArgs) -> u8 {
         Ok(id) => id,
         Err(e) => return fail(CONFIG, &format!("bad model id: {e}")),
     };
-    let engine = match Engine::load(&args.model) {
+    let engine = match Engine::load_with(&args.model, args.ssd_cache.as_deref()) {
         Ok(e) => e,
         Err(e) => return fail(CONFIG, &e.to_string()),
     };

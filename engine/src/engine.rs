@@ -46,6 +46,12 @@ fn file_kv_version_tag() -> [u8; 8] {
 
 impl Engine {
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, None)
+    }
+
+    /// Like `load`; `cache_dir` (the prompt cache's directory) keeps what is slow to
+    /// derive from the file's vocabulary for the next start (`tokenizer::from_gguf_cached`).
+    pub fn load_with(path: &Path, cache_dir: Option<&Path>) -> Result<Self> {
         let start = Instant::now();
         let g = Gguf::open(path)?;
         tracing::debug!(ms = start.elapsed().as_millis() as u64, "model file opened");
@@ -58,7 +64,7 @@ impl Engine {
         let (model, (fingerprint, tokenizer_hash), tokenizer) = std::thread::scope(|s| {
             let tokenizer = s.spawn(|| {
                 let t = Instant::now();
-                let tok = Tokenizer::from_gguf(&g);
+                let tok = Tokenizer::from_gguf_cached(&g, cache_dir);
                 tracing::debug!(ms = t.elapsed().as_millis() as u64, "tokenizer built");
                 tok
             });
