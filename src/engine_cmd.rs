@@ -1,53 +1,55 @@
 //! `corral engine`: the child process the pool starts, one per model. Not usually run
-//! by hand (it exits when its stdin closes). Exit codes: 0 clean stop, 78 configuration
-//! error (model cannot be loaded, socket directory unusable), 1 anything else.
+//! by hand (it exits when its stdin closes). Its command line is built by
+//! `protocol::launch::EngineLaunch::to_argv` and its flag names come from there (a test
+//! below parses one back). Exit codes: 0 clean stop, 78 configuration error (model
+//! cannot be loaded, socket directory unusable), 2 a command line clap rejects, 1
+//! anything else.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use clap::builder::BoolishValueParser;
 use corral_engine::cache::{CacheConfig, SsdConfig};
 use corral_engine::server::{ServeError, ServerConfig, ServerDefaults};
 use corral_engine::{Engine, threads};
 use corral_protocol::ModelId;
-
-/// EX_CONFIG from sysexits.h: the pool does not retry it.
-pub const EXIT_CONFIG: u8 = 78;
+use corral_protocol::launch::{CacheFlags, EXIT_CONFIG, SamplingFlags, flag};
 
 #[derive(Args)]
 pub struct EngineArgs {
     /// Model file (GGUF).
-    #[arg(long)]
+    #[arg(long = flag::MODEL)]
     model: PathBuf,
     /// Model id to serve under (default: the file stem).
-    #[arg(long)]
+    #[arg(long = flag::ID)]
     id: Option<String>,
     /// Unix socket to listen on; its directory must be private (0700) or absent.
-    #[arg(long)]
+    #[arg(long = flag::SOCKET)]
     socket: PathBuf,
     /// Context size per request (prompt + generation); default min(4096, the model's).
-    #[arg(long, env = "CORRAL_CTX")]
+    #[arg(long = flag::CTX, env = "CORRAL_CTX")]
     ctx: Option<usize>,
     /// Requests allowed to wait behind the running one before 429 queue_full.
-    #[arg(long, default_value_t = 64, env = "CORRAL_MAX_QUEUE")]
+    #[arg(long = flag::MAX_QUEUE, default_value_t = 64, env = "CORRAL_MAX_QUEUE")]
     max_queue: usize,
     /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    #[arg(long, default_value_t = 8 * 1024 * 1024, env = "CORRAL_MAX_BODY_BYTES")]
     max_body_bytes: usize,
     #[command(flatten)]
     sampling: GenDefaultsArgs,
     /// Milliseconds SIGTERM waits for in-flight requests before cutting them.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, env = "CORRAL_ENGINE_SHUTDOWN_TIMEOUT_MS")]
     shutdown_timeout_ms: u64,
     /// Default deadline of POST /admin/drain, in milliseconds.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, env = "CORRAL_ENGINE_DRAIN_TIMEOUT_MS")]
     drain_timeout_ms: u64,
     /// Compute threads (default: physical cores).
-    #[arg(long, env = "CORRAL_THREADS")]
+    #[arg(long = flag::THREADS, env = "CORRAL_THREADS")]
     threads: Option<usize>,
     /// Keep prompt-cache entries on disk in this directory (SSD tier; off by default
     /// for a bare engine, on by default under `corral serve`).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long = flag::SSD_CACHE, value_name = "DIR", env = "CORRAL_SSD_CACHE")]
     ssd_cache: Option<PathBuf>,
     #[command(flatten)]
     cache: CacheArgs,
@@ -58,24 +60,24 @@ pub struct EngineArgs {
 #[derive(Args, Clone, Debug)]
 pub struct GenDefaultsArgs {
     /// Default temperature for requests that omit it (0-5).
-    #[arg(long, alias = "temp", value_parser = in_range(0.0, 5.0))]
+    #[arg(long = flag::TEMPERATURE, alias = "temp", value_parser = in_range(0.0, 5.0))]
     pub temperature: Option<f32>,
     /// Default top-p for requests that omit it (0-1).
-    #[arg(long, value_parser = in_range(0.0, 1.0))]
+    #[arg(long = flag::TOP_P, value_parser = in_range(0.0, 1.0))]
     pub top_p: Option<f32>,
     /// Default top-k for requests that omit it (0-1000000; 0 = off).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    #[arg(long = flag::TOP_K, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub top_k: Option<u32>,
     /// Default min-p for requests that omit it (0-1).
-    #[arg(long, value_parser = in_range(0.0, 1.0))]
+    #[arg(long = flag::MIN_P, value_parser = in_range(0.0, 1.0))]
     pub min_p: Option<f32>,
     /// Default max_tokens for requests that omit it (unset: chat until the context is
     /// full, raw completions 512).
-    #[arg(long)]
+    #[arg(long = flag::MAX_TOKENS)]
     pub max_tokens: Option<usize>,
     /// Constrained decoding (structured output, tool calls): `off` states constraints
     /// in the prompt instead and marks responses with a Warning header.
-    #[arg(long, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = on_off, action = clap::ArgAction::Set)]
+    #[arg(long = flag::GRAMMAR, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub grammar: bool,
 }
 
@@ -91,14 +93,6 @@ fn in_range(lo: f32, hi: f32) -> impl Fn(&str) -> Result<f32, String> + Clone + 
     }
 }
 
-fn on_off(s: &str) -> Result<bool, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "on" | "1" | "true" | "yes" => Ok(true),
-        "off" | "0" | "false" | "no" => Ok(false),
-        _ => Err(format!("expected on or off (got {s:?})")),
-    }
-}
-
 impl GenDefaultsArgs {
     fn defaults(&self) -> ServerDefaults {
         ServerDefaults {
@@ -111,17 +105,16 @@ impl GenDefaultsArgs {
         }
     }
 
-    /// The flags that are set, as `corral engine` arguments.
-    pub fn to_engine_args(&self) -> Vec<String> {
-        let set = [
-            ("--temperature", self.temperature.map(|v| v.to_string())),
-            ("--top-p", self.top_p.map(|v| v.to_string())),
-            ("--top-k", self.top_k.map(|v| v.to_string())),
-            ("--min-p", self.min_p.map(|v| v.to_string())),
-            ("--max-tokens", self.max_tokens.map(|v| v.to_string())),
-            ("--grammar", (!self.grammar).then(|| "off".to_owned())),
-        ];
-        set.into_iter().filter_map(|(f, v)| v.map(|v| [f.to_owned(), v])).flatten().collect()
+    /// The same defaults for the engines `serve` starts.
+    pub fn to_flags(&self) -> SamplingFlags {
+        SamplingFlags {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k.map(|k| k as usize),
+            min_p: self.min_p,
+            max_tokens: self.max_tokens,
+            grammar: (!self.grammar).then_some(false),
+        }
     }
 }
 
@@ -129,54 +122,77 @@ impl GenDefaultsArgs {
 #[derive(Args, Clone, Debug)]
 pub struct CacheArgs {
     /// RAM for the prompt cache, in GB (0 turns the prompt cache off).
-    #[arg(long, value_name = "GB", default_value_t = 8.0, env = "CORRAL_PROMPT_CACHE")]
+    #[arg(long = flag::PROMPT_CACHE, value_name = "GB", default_value_t = 8.0, env = "CORRAL_PROMPT_CACHE")]
     pub prompt_cache: f64,
     /// SSD cap, in GB.
-    #[arg(long, value_name = "GB", default_value_t = 32.0, env = "CORRAL_SSD_CACHE_MAX")]
+    #[arg(long = flag::SSD_CACHE_MAX, value_name = "GB", default_value_t = 32.0, env = "CORRAL_SSD_CACHE_MAX")]
     pub ssd_cache_max: f64,
     /// Check every tensor checksum on every restore (default: once per file per process).
-    #[arg(long)]
+    #[arg(long = flag::SSD_CACHE_VERIFY, env = "CORRAL_SSD_CACHE_VERIFY")]
     pub ssd_cache_verify: bool,
-    /// Entries unused this many seconds leave RAM for the SSD tier.
-    #[arg(long, value_name = "SEC", default_value_t = 300)]
+    /// Entries unused this many seconds leave RAM for the SSD tier; 0 turns idle
+    /// demotion off (entries then leave RAM only when the RAM cap or a drain needs it).
+    #[arg(
+        long = flag::SSD_DEMOTE_IDLE,
+        alias = "ssd-cache-demote-idle",
+        value_name = "SEC",
+        default_value_t = 300,
+        env = "CORRAL_SSD_DEMOTE_IDLE"
+    )]
     pub ssd_demote_idle: u64,
+    /// Bytes of entries pushed out of RAM that may wait for the disk writer, in GB; over
+    /// it the oldest waiting entry is dropped (a later miss, never a wrong answer).
+    #[arg(long = flag::SSD_SPILL_QUEUE, value_name = "GB", default_value_t = 2.0, env = "CORRAL_SSD_SPILL_QUEUE")]
+    pub ssd_spill_queue: f64,
+    /// Write new entries to disk shortly after each request (so a crashed engine's
+    /// work survives); `0`/`false` turns it off while eviction and drain still write.
+    #[arg(
+        long = flag::SSD_WRITE_BEHIND,
+        value_name = "BOOL",
+        default_value = "true",
+        value_parser = BoolishValueParser::new(),
+        action = clap::ArgAction::Set,
+        env = "CORRAL_SSD_WRITEBEHIND"
+    )]
+    pub ssd_write_behind: bool,
     /// Idle milliseconds after a request before new entries are written behind.
-    #[arg(long, value_name = "MS", default_value_t = 2000, hide = true)]
+    #[arg(long = flag::SSD_WRITE_BEHIND_MS, value_name = "MS", default_value_t = 2000, hide = true)]
     pub ssd_write_behind_ms: u64,
+}
+
+fn gb(x: f64) -> u64 {
+    (x.max(0.0) * 1e9) as u64
 }
 
 impl CacheArgs {
     pub fn config(&self, ssd_dir: Option<PathBuf>) -> CacheConfig {
         CacheConfig {
-            ram_bytes: (self.prompt_cache.max(0.0) * 1e9) as u64,
-            ssd: ssd_dir.map(|dir| SsdConfig {
-                dir,
-                max_bytes: (self.ssd_cache_max.max(0.0) * 1e9) as u64,
-                verify: self.ssd_cache_verify,
-            }),
-            demote_idle: Duration::from_secs(self.ssd_demote_idle),
+            ram_bytes: gb(self.prompt_cache),
+            ssd: ssd_dir.map(|dir| SsdConfig { dir, max_bytes: gb(self.ssd_cache_max), verify: self.ssd_cache_verify }),
+            demote_idle: (self.ssd_demote_idle > 0).then(|| Duration::from_secs(self.ssd_demote_idle)),
+            spill_queue_bytes: gb(self.ssd_spill_queue),
+            write_behind: self.ssd_write_behind,
             write_behind_after: Duration::from_millis(self.ssd_write_behind_ms),
         }
     }
 
-    /// The same flags as `corral engine` arguments.
-    pub fn to_engine_args(&self) -> Vec<String> {
-        let mut v = vec![
-            "--prompt-cache".into(),
-            self.prompt_cache.to_string(),
-            "--ssd-cache-max".into(),
-            self.ssd_cache_max.to_string(),
-            "--ssd-demote-idle".into(),
-            self.ssd_demote_idle.to_string(),
-            "--ssd-write-behind-ms".into(),
-            self.ssd_write_behind_ms.to_string(),
-        ];
-        if self.ssd_cache_verify {
-            v.push("--ssd-cache-verify".into());
+    /// The same settings for the engines `serve` starts.
+    pub fn to_flags(&self, ssd_cache: Option<PathBuf>) -> CacheFlags {
+        CacheFlags {
+            prompt_cache_gb: Some(self.prompt_cache),
+            ssd_cache,
+            ssd_cache_max_gb: Some(self.ssd_cache_max),
+            ssd_cache_verify: self.ssd_cache_verify,
+            ssd_demote_idle_s: Some(self.ssd_demote_idle),
+            ssd_spill_queue_gb: Some(self.ssd_spill_queue),
+            ssd_write_behind: Some(self.ssd_write_behind),
+            ssd_write_behind_ms: Some(self.ssd_write_behind_ms),
         }
-        v
     }
 }
+
+/// `EXIT_CONFIG` as a process exit code.
+const CONFIG: u8 = EXIT_CONFIG as u8;
 
 /// Runs the engine; returns the process exit code.
 pub fn engine(args: EngineArgs) -> u8 {
@@ -195,11 +211,11 @@ pub fn engine(args: EngineArgs) -> u8 {
     let stem = args.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_owned();
     let id = match ModelId::new(args.id.clone().unwrap_or(stem)) {
         Ok(id) => id,
-        Err(e) => return fail(EXIT_CONFIG, &format!("bad model id: {e}")),
+        Err(e) => return fail(CONFIG, &format!("bad model id: {e}")),
     };
-    let engine = match Engine::load(&args.model) {
+    let engine = match Engine::load_with(&args.model, args.ssd_cache.as_deref()) {
         Ok(e) => e,
-        Err(e) => return fail(EXIT_CONFIG, &e.to_string()),
+        Err(e) => return fail(CONFIG, &e.to_string()),
     };
     let load_ms = engine.load_time.as_millis() as u64;
     let ctx = args.ctx.unwrap_or(4096).min(engine.config().ctx_train).max(16);
@@ -216,7 +232,7 @@ pub fn engine(args: EngineArgs) -> u8 {
     };
     match corral_engine::server::run(engine, cfg, load_ms) {
         Ok(()) => 0,
-        Err(ServeError::Socket(e)) => fail(EXIT_CONFIG, &e.to_string()),
+        Err(ServeError::Socket(e)) => fail(CONFIG, &e.to_string()),
         Err(e) => fail(1, &e.to_string()),
     }
 }
@@ -225,4 +241,74 @@ fn fail(code: u8, msg: &str) -> u8 {
     tracing::error!(error = msg, "engine failed");
     eprintln!("corral engine: error: {msg}");
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use corral_protocol::launch::{EngineLaunch, EngineOptions};
+
+    use super::*;
+
+    /// The argv the pool builds is the argv this parser accepts, value for value.
+    #[test]
+    fn the_pools_command_line_parses_back() {
+        let launch = EngineLaunch {
+            model: "/models/m.gguf".into(),
+            id: ModelId::new("m").unwrap(),
+            socket: "/run/corral/e-1.sock".into(),
+            options: EngineOptions {
+                ctx: Some(2048),
+                max_queue: Some(7),
+                threads: Some(3),
+                sampling: SamplingFlags {
+                    temperature: Some(0.5),
+                    top_p: Some(0.9),
+                    top_k: Some(40),
+                    min_p: Some(0.05),
+                    max_tokens: Some(100),
+                    grammar: Some(false),
+                },
+                cache: CacheFlags {
+                    prompt_cache_gb: Some(1.5),
+                    ssd_cache: Some("/kv".into()),
+                    ssd_cache_max_gb: Some(4.0),
+                    ssd_cache_verify: true,
+                    ssd_demote_idle_s: Some(0),
+                    ssd_spill_queue_gb: Some(0.5),
+                    ssd_write_behind: Some(false),
+                    ssd_write_behind_ms: Some(250),
+                },
+            },
+        };
+        let argv = std::iter::once("corral".into()).chain(launch.to_argv());
+        let crate::Command::Engine(a) = crate::Cli::try_parse_from(argv).unwrap().command else {
+            panic!("not the engine verb")
+        };
+        assert_eq!(
+            (a.model.to_str(), a.id.as_deref(), a.socket.to_str()),
+            (Some("/models/m.gguf"), Some("m"), Some("/run/corral/e-1.sock"))
+        );
+        assert_eq!((a.ctx, a.max_queue, a.threads), (Some(2048), 7, Some(3)));
+        assert_eq!(a.sampling.to_flags(), launch.options.sampling);
+        assert_eq!(a.cache.to_flags(a.ssd_cache.clone()), launch.options.cache);
+        let cfg = a.cache.config(a.ssd_cache.clone());
+        assert_eq!(cfg.demote_idle, None, "0 turns idle demotion off");
+        assert!(!cfg.write_behind);
+        assert_eq!(cfg.spill_queue_bytes, 500_000_000);
+    }
+
+    #[test]
+    fn write_behind_takes_boolish_values_and_the_demote_alias() {
+        let parse = |extra: &[&str]| {
+            let argv = ["corral", "engine", "--model", "m", "--socket", "s"].iter().chain(extra).copied();
+            match crate::Cli::try_parse_from(argv).unwrap().command {
+                crate::Command::Engine(a) => a,
+                _ => unreachable!(),
+            }
+        };
+        assert!(parse(&[]).cache.ssd_write_behind, "on by default");
+        assert!(!parse(&["--ssd-write-behind", "0"]).cache.ssd_write_behind);
+        assert_eq!(parse(&["--ssd-cache-demote-idle", "9"]).cache.ssd_demote_idle, 9);
+    }
 }

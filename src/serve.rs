@@ -1,18 +1,18 @@
 //! `corral serve`: the gateway. Models come from `--model` flags (`PATH` or
 //! `ID=PATH`), else every `.gguf` in the models directory; engines start on demand.
 
-use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use corral_gateway::GatewayConfig;
+use corral_net::dirs::{self, Access, SocketState};
 use corral_pool::registry::{self, ModelEntry};
 use corral_pool::{Pool, PoolConfig};
 use corral_protocol::ModelId;
+use corral_protocol::launch::EngineOptions;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -135,17 +135,7 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
         Some(d) if !d.is_empty() => PathBuf::from(d).join("corral"),
         _ => std::env::temp_dir().join(format!("corral-{}", nix::unistd::geteuid())),
     });
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let meta = std::fs::symlink_metadata(&dir)?;
-    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
-        bail!("runtime dir {} must be a directory owned by you with mode 0700", dir.display());
-    }
+    dirs::ensure_dir(&dir, Access::Private).context("runtime dir (use --runtime-dir)")?;
     // Sockets left by a gateway that died: remove the dead ones; a live one means
     // another corral uses this directory.
     for ent in std::fs::read_dir(&dir)?.flatten() {
@@ -153,14 +143,18 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
         if p.extension().and_then(|e| e.to_str()) != Some("sock") {
             continue;
         }
-        if std::os::unix::net::UnixStream::connect(&p).is_ok() {
-            bail!(
+        match dirs::probe_socket(&p)? {
+            SocketState::Live => bail!(
                 "another corral is running with runtime dir {} ({} answers); use --runtime-dir",
                 dir.display(),
                 p.display()
-            );
+            ),
+            SocketState::Stale => {
+                tracing::info!(socket = %p.display(), "removing a stale engine socket");
+                std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+            }
+            SocketState::Absent | SocketState::NotSocket => {}
         }
-        let _ = std::fs::remove_file(&p);
     }
     Ok(dir)
 }
@@ -168,22 +162,14 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
 pub fn serve(args: ServeArgs) -> Result<i32> {
     let models = model_entries(&args)?;
     let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
-    let mut engine_args: Vec<OsString> = Vec::new();
-    let mut pass = |flag: &str, v: Option<String>| {
-        if let Some(v) = v {
-            engine_args.push(flag.into());
-            engine_args.push(v.into());
-        }
+    let ssd_dir = (!args.no_ssd_cache).then(|| args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir));
+    let engine_options = EngineOptions {
+        ctx: args.ctx,
+        max_queue: args.max_queue,
+        threads: args.threads,
+        sampling: args.sampling.to_flags(),
+        cache: args.cache.to_flags(ssd_dir),
     };
-    pass("--ctx", args.ctx.map(|v| v.to_string()));
-    pass("--max-queue", args.max_queue.map(|v| v.to_string()));
-    pass("--threads", args.threads.map(|v| v.to_string()));
-    if !args.no_ssd_cache {
-        let dir = args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir);
-        pass("--ssd-cache", Some(dir.display().to_string()));
-    }
-    engine_args.extend(args.sampling.to_engine_args().into_iter().map(OsString::from));
-    engine_args.extend(args.cache.to_engine_args().into_iter().map(OsString::from));
     let engine_program = match &args.engine_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locating the corral binary")?,
@@ -199,7 +185,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         memory_budget: (args.memory_budget.max(0.0) * 1e9) as u64,
         runtime_dir,
         engine_program,
-        engine_args,
+        engine_options,
         load_timeout: args.load_timeout,
         queue_timeout: args.queue_timeout,
         drain_timeout: args.drain_timeout,

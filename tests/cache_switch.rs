@@ -157,3 +157,58 @@ fn smollm2_switch_back_and_restart_restore_the_conversation() {
 fn gemma_switch_back_and_restart_restore_the_conversation() {
     switch_back_reuses_the_conversation(("gemma", GEMMA), ("smol", SMOLLM));
 }
+
+/// Shutdown keeps the promise for every resident engine, not just the first: with two
+/// engines each holding a ~1,000-token conversation, write-behind and idle demotion off
+/// (so only the shutdown's drains can write the caches), a SIGTERM to the gateway saves
+/// both, and after a restart both conversations continue from disk.
+#[test]
+fn sigterm_with_two_resident_engines_saves_both_caches_for_the_restart() {
+    let kv = TempDir::new("kv2");
+    let kv_dir = kv.path().join("kv");
+    let (arg_a, arg_b) = (model_arg("smol", SMOLLM), model_arg("gemma", GEMMA));
+    let args = [
+        "--model",
+        &arg_a,
+        "--model",
+        &arg_b,
+        "--model-pool",
+        "2",
+        "--threads",
+        "1",
+        "--ssd-cache",
+        kv_dir.to_str().unwrap(),
+        "--ssd-write-behind",
+        "0",
+        "--ssd-demote-idle",
+        "0",
+    ];
+    let gw = Gateway::start(&args);
+    let mut convs = Vec::new();
+    for model in ["smol", "gemma"] {
+        let messages = vec![
+            json!({"role": "system", "content": "You are a careful assistant. Answer briefly."}),
+            json!({"role": "user", "content": format!("{}\nWhat is the lighthouse made of?", document())}),
+        ];
+        let t1 = ask(&gw, model, &messages);
+        assert!(t1.prompt_tokens >= 800, "{model}: {}", t1.prompt_tokens);
+        convs.push((model, messages, t1));
+    }
+    let e = gw.engine();
+    assert_eq!(e["pool"]["resident"], json!(["gemma", "smol"]), "{e}");
+    for model in ["smol", "gemma"] {
+        let ssd = &gw.stats()["engines"][model]["ssd_cache"];
+        assert_eq!(ssd["spills"], 0, "{model}: nothing may reach the disk before the shutdown: {ssd}");
+    }
+    let mut gw = gw;
+    gw.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(gw.wait_exit(std::time::Duration::from_secs(60)).is_some_and(|s| s.success()), "{}", gw.log());
+    drop(gw);
+
+    let gw = Gateway::start(&args);
+    for (model, mut messages, t1) in convs {
+        push_turn(&mut messages, &t1.text, "And when was it built?");
+        let t2 = ask(&gw, model, &messages);
+        assert_reused(&format!("{model}: after a two-engine shutdown"), &t2, t1.prompt_tokens);
+    }
+}

@@ -260,7 +260,8 @@ fn monitoring_never_wakes_an_engine_and_marks_slow_engines_stale() {
     assert!(a["pid"].as_u64().is_some() && a["socket"].as_str().is_some() && a["started_at"].as_u64().is_some());
     assert_eq!(a["in_flight"], 0);
     let s = gw.stats();
-    assert_eq!(s["engines"]["a"]["fake"], true);
+    assert_eq!(s["engines"]["a"]["model"], "a");
+    assert_eq!(s["engines"]["a"]["pid"], a["pid"]);
     assert_eq!(s["gateway"]["requests_by_route"]["/v1/chat/completions"], 1);
     assert!(s["gateway"]["responses_by_status"]["200"].as_u64().unwrap() >= 1);
     // A stopped (SIGSTOPped) engine does not hold /stats up.

@@ -293,3 +293,40 @@ fn a_full_disk_fails_the_write_not_the_request() {
     assert_eq!(again, first);
     assert_eq!(cached, p - 1);
 }
+
+/// `--ssd-demote-idle 0` turns idle demotion off (it used to demote every entry at once),
+/// and with the write-behind off nothing reaches the disk until a drain: then everything.
+#[test]
+fn demote_idle_zero_and_write_behind_off_leave_entries_in_ram_until_the_drain() {
+    let dir = TempDir::new("nodemote");
+    let kv = dir.path().join("kv");
+    let kv_arg = kv.display().to_string();
+    let args = [
+        "--threads",
+        "1",
+        "--ssd-cache",
+        &kv_arg,
+        "--ssd-demote-idle",
+        "0",
+        "--ssd-write-behind",
+        "0",
+        "--ssd-write-behind-ms",
+        "50",
+    ];
+    let e = EngineProc::start(&smol(), &args);
+    answer(&e, &chat(sys_user("When do you open?"), 8));
+    // Long past the write-behind delay and any demotion clock.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let s = e.stats();
+    assert_eq!(s["prompt_cache"]["entries"], 1, "{s}");
+    assert_eq!(s["ssd_cache"]["spills"], 0, "{s}");
+    assert_eq!(s["ssd_cache"]["demotions"], 0, "{s}");
+    assert_eq!(
+        (s["ssd_cache"]["pending_spills"].as_u64(), s["ssd_cache"]["dropped_spills"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let r = e.post("/admin/drain?timeout_ms=1000", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["demotions"], 1, "{}", r.text());
+    assert_eq!(e.stats()["ssd_cache"]["spills"], 1);
+}

@@ -52,23 +52,42 @@ fn file_kv_version_tag() -> [u8; 8] {
 
 impl Engine {
     pub fn load(path: &Path) -> Result<Self> {
+        Self::load_with(path, None)
+    }
+
+    /// Like `load`; `cache_dir` (the prompt cache's directory) keeps what is slow to
+    /// derive from the file's vocabulary for the next start (`tokenizer::from_gguf_cached`).
+    pub fn load_with(path: &Path, cache_dir: Option<&Path>) -> Result<Self> {
         let start = Instant::now();
         let g = Gguf::open(path)?;
-        // Hash the file on a second thread while the model loads (it reads the same
-        // mapped pages).
-        let (model, fingerprint) = std::thread::scope(|s| {
-            let hasher = s.spawn(|| {
-                let mut h = blake3::Hasher::new();
-                h.update(&file_kv_version_tag());
-                h.update(g.bytes());
-                *h.finalize().as_bytes()
+        tracing::debug!(ms = start.elapsed().as_millis() as u64, "model file opened");
+        // The tokenizer (Gemma's 262k-piece vocabulary turned into ~515k ranked merges) is
+        // the longest job of a load and takes as long as the weights and the file hash (the
+        // prompt cache's identity) together, so it gets a thread of its own while this one
+        // loads the weights, then hashes. A model switch waits on the slower of the two
+        // instead of on the sum; a third thread would only slow the tokenizer down on a
+        // two-core machine.
+        let (model, (fingerprint, tokenizer_hash), tokenizer) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(|| {
+                let t = Instant::now();
+                let tok = Tokenizer::from_gguf_cached(&g, cache_dir);
+                tracing::debug!(ms = t.elapsed().as_millis() as u64, "tokenizer built");
+                tok
             });
+            let t = Instant::now();
             let model = Model::load(&g);
-            (model, hasher.join().expect("hashing does not panic"))
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "weights loaded");
+            let t = Instant::now();
+            let mut h = blake3::Hasher::new();
+            h.update(&file_kv_version_tag());
+            h.update(g.bytes());
+            let hashes = (*h.finalize().as_bytes(), g.tokenizer_hash());
+            tracing::debug!(ms = t.elapsed().as_millis() as u64, "model file hashed");
+            let tokenizer = tokenizer.join().expect("tokenizer construction does not panic");
+            (model, hashes, tokenizer)
         });
         let model = model?;
-        let tokenizer_hash = g.tokenizer_hash();
-        let tokenizer = Tokenizer::from_gguf(&g)?;
+        let tokenizer = tokenizer?;
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
         let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
         let gguf_template = g.opt_str("tokenizer.chat_template");

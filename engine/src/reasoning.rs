@@ -10,6 +10,11 @@
 pub const OPEN: &str = "<think>";
 pub const CLOSE: &str = "</think>";
 
+/// The rendered prompt ends inside an open `<think>`.
+pub fn prompt_opens(prompt: &str) -> bool {
+    prompt.rfind(OPEN).is_some_and(|o| prompt.rfind(CLOSE).is_none_or(|c| c < o))
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
     Reasoning(String),
@@ -26,10 +31,9 @@ pub struct ThinkSplit {
 }
 
 impl ThinkSplit {
-    /// `prompt` is the rendered prompt: when it ends inside an open `<think>`, the
-    /// output starts as reasoning.
-    pub fn new(prompt: &str) -> Self {
-        let inside = prompt.rfind(OPEN).is_some_and(|o| prompt.rfind(CLOSE).is_none_or(|c| c < o));
+    /// `inside`: the prompt opened `<think>` itself (`prompt_opens`), so the output
+    /// starts as reasoning.
+    pub fn new(inside: bool) -> Self {
         Self { inside, at_start: true, after_close: false, held: String::new() }
     }
 
@@ -147,13 +151,13 @@ mod tests {
 
     fn split_all(prompt: &str, text: &str) -> (String, String) {
         let whole = {
-            let mut s = ThinkSplit::new(prompt);
+            let mut s = ThinkSplit::new(prompt_opens(prompt));
             let mut parts = s.push(text);
             parts.extend(s.finish());
             parts
         };
         for size in 1..=6 {
-            let mut s = ThinkSplit::new(prompt);
+            let mut s = ThinkSplit::new(prompt_opens(prompt));
             let mut parts = Vec::new();
             let chars: Vec<char> = text.chars().collect();
             for c in chars.chunks(size) {
@@ -180,7 +184,10 @@ mod tests {
     fn splits_thoughts_from_the_answer() {
         assert_eq!(split_all("", "<think>\nIt is 4.\n</think>\n\nFour."), ("\nIt is 4.\n".into(), "Four.".into()));
         assert_eq!(split_all("", "  <think>a</think>b"), ("a".into(), "b".into()));
-        assert_eq!(split_all("", "No thoughts. <think>x</think>"), (String::new(), "No thoughts. <think>x</think>".into()));
+        assert_eq!(
+            split_all("", "No thoughts. <think>x</think>"),
+            (String::new(), "No thoughts. <think>x</think>".into())
+        );
         assert_eq!(split_all("", "<thin"), (String::new(), "<thin".into()));
     }
 

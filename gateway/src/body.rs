@@ -3,20 +3,20 @@
 //! body ends or the client goes away, which also drops the engine connection so the
 //! engine cancels), and turns an engine failure mid-body into the documented ending:
 //! for SSE a final `data: {"error":…}` event and then an aborted body (no `[DONE]`, no
-//! terminating chunk); otherwise an aborted body.
+//! terminating chunk); otherwise an aborted body. It also holds the request's in-flight
+//! guard, so shutdown waits until the last byte is out.
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use corral_net::gauge::Guard;
 use corral_pool::Lease;
-use corral_protocol::{ApiError, ErrorKind};
+use corral_protocol::ApiShape;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 
-use crate::stats::GatewayStats;
+use crate::proxy_error::{Kind, ProxyError};
 
 /// How long the terminal error event gets to reach the socket before the body is cut.
 const FLUSH_GRACE: Duration = Duration::from_millis(20);
@@ -28,32 +28,30 @@ pub enum Body {
     Proxy(Box<ProxyBody>),
 }
 
-impl Body {
-    pub fn full(b: impl Into<Bytes>) -> Self {
-        Body::Full(Some(b.into()))
+impl From<Bytes> for Body {
+    fn from(b: Bytes) -> Self {
+        Body::Full(Some(b))
     }
 }
 
-/// What ends a pass-through early, reported to the pool so a hung or broken engine is
-/// recycled.
-pub enum Failure {
-    Broken,
-    Stalled,
-}
+/// Told about a failure after the head (the proxy applies `proxy_error`'s table: count
+/// it, recycle the engine if it is to blame).
+pub type OnFailure = Box<dyn FnOnce(&ProxyError) + Send>;
 
 pub struct ProxyBody {
-    pub upstream: Incoming,
-    pub lease: Option<Lease>,
-    pub sse: bool,
-    pub stall: Duration,
-    pub stats: Arc<GatewayStats>,
-    pub on_failure: Option<Box<dyn FnOnce(Failure) + Send>>,
+    upstream: Incoming,
+    /// Released when the body ends, fails or is dropped (the client went away).
+    lease: Option<Lease>,
+    guard: Option<Guard>,
+    sse: bool,
+    stall: Duration,
+    on_failure: Option<OnFailure>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    state: End,
+    state: PassState,
 }
 
 #[derive(PartialEq)]
-enum End {
+enum PassState {
     Open,
     /// The terminal error event went out; abort on the next poll.
     ErrorSent,
@@ -64,49 +62,45 @@ impl ProxyBody {
     pub fn new(
         upstream: Incoming,
         lease: Lease,
+        guard: Guard,
         sse: bool,
         stall: Duration,
-        stats: Arc<GatewayStats>,
-        on_failure: Box<dyn FnOnce(Failure) + Send>,
+        on_failure: OnFailure,
     ) -> Self {
-        stats.in_flight.fetch_add(1, Ordering::Relaxed);
         Self {
             upstream,
             lease: Some(lease),
+            guard: Some(guard),
             sse,
             stall,
-            stats,
             on_failure: Some(on_failure),
             timer: None,
-            state: End::Open,
+            state: PassState::Open,
         }
     }
 
-    fn fail(&mut self, why: Failure, msg: String) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.stats.proxy_errors.fetch_add(1, Ordering::Relaxed);
-        let kind = match why {
-            Failure::Broken => ErrorKind::EngineUnavailable,
-            Failure::Stalled => ErrorKind::EngineTimeout,
-        };
+    fn finish(&mut self) {
+        self.state = PassState::Done;
+        self.lease.take();
+        self.guard.take();
+    }
+
+    fn fail(&mut self, err: ProxyError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(f) = self.on_failure.take() {
-            f(why);
+            f(&err);
         }
         self.lease.take();
-        if self.sse {
-            self.state = End::ErrorSent;
+        let api = err.to_api();
+        if self.sse
+            && let Some(api) = api
+        {
+            self.state = PassState::ErrorSent;
             self.timer = None;
-            let ev = format!("data: {}\n\n", ApiError::new(kind, msg).to_json());
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from(ev)))))
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(api.sse_event(ApiShape::OpenAi))))))
         } else {
-            self.state = End::Done;
-            Poll::Ready(Some(Err(msg.into())))
+            self.finish();
+            Poll::Ready(Some(Err(err.to_string().into())))
         }
-    }
-}
-
-impl Drop for ProxyBody {
-    fn drop(&mut self) {
-        self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -120,35 +114,34 @@ impl HttpBody for Body {
             Body::Proxy(p) => p.as_mut(),
         };
         match p.state {
-            End::Done => return Poll::Ready(None),
-            End::ErrorSent => {
+            PassState::Done => return Poll::Ready(None),
+            PassState::ErrorSent => {
                 // hyper drops unflushed bytes when a body errors, so give it a moment
                 // (a pending poll makes it flush) before cutting the chunked body.
                 let timer = p.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(FLUSH_GRACE)));
                 if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                p.state = End::Done;
+                p.finish();
                 return Poll::Ready(Some(Err("engine failed mid-stream".into())));
             }
-            End::Open => {}
+            PassState::Open => {}
         }
         match Pin::new(&mut p.upstream).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 p.timer = None;
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => p.fail(Failure::Broken, format!("the engine failed mid-response: {e}")),
+            Poll::Ready(Some(Err(e))) => p.fail(ProxyError::new(Kind::Body, e)),
             Poll::Ready(None) => {
-                p.state = End::Done;
-                p.lease.take();
+                p.finish();
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 let stall = p.stall;
                 let timer = p.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(stall)));
                 if timer.as_mut().poll(cx).is_ready() {
-                    return p.fail(Failure::Stalled, format!("the engine sent nothing for {} ms", stall.as_millis()));
+                    return p.fail(ProxyError::new(Kind::Stall, format!("nothing for {} ms", stall.as_millis())));
                 }
                 Poll::Pending
             }
@@ -158,7 +151,7 @@ impl HttpBody for Body {
     fn is_end_stream(&self) -> bool {
         match self {
             Body::Full(b) => b.is_none(),
-            Body::Proxy(p) => p.state == End::Done,
+            Body::Proxy(p) => p.state == PassState::Done,
         }
     }
 

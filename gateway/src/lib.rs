@@ -2,10 +2,22 @@
 //! port, answers health and monitoring itself, and forwards API requests byte for byte
 //! to the engine of the requested model through the pool. It never tokenizes and never
 //! links model code; an engine crash is an error response, never a gateway crash.
+//!
+//! Layout, one job per file: `app` (shared state and config), `routes` (the route table,
+//! request spans, dispatch), `respond` (the one error → HTTP site), `proxy` (forwarding)
+//! with `proxy_error` (what can fail and what follows) and `body` (pass-through bodies),
+//! `monitor` (`/stats`), `stats` (counters), `server` (process lifetime and shutdown).
+//! Dependencies point one way: `server → routes → {proxy, monitor} → {body, respond}`.
 
+pub mod app;
 pub mod body;
+pub mod monitor;
 pub mod proxy;
+pub mod proxy_error;
+pub mod respond;
+pub mod routes;
 pub mod server;
 pub mod stats;
 
-pub use server::{GatewayConfig, run};
+pub use app::GatewayConfig;
+pub use server::run;

@@ -1,26 +1,29 @@
 //! Forwarding a public request to its model's engine.
 //!
-//! The body is read (bounded) only to find `model`; the bytes go to the engine
-//! unchanged and its response streams back unchanged, frame by frame. Rules (see
-//! `docs/gateway.md`): a connection that never reached the engine is retried once
-//! (after the pool replaces the engine); once the request was sent nothing is retried;
-//! no response head within `engine_timeout` is 504 and the engine is recycled; a broken
-//! or garbled response before the head is 502; failures after the head are handled in
-//! `body::ProxyBody`.
+//! The body is read (bounded) only to find `model`; the bytes go to the engine unchanged
+//! and its response streams back unchanged, frame by frame. What happens on each failure
+//! is `proxy_error`'s table: a connection that never reached the engine is retried once,
+//! on an engine other than the one that refused; nothing else is retried; the engine is
+//! recycled only when it is to blame (garbage, no head in time, a stall). Failures after
+//! the head are handled in `body::ProxyBody`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+use corral_net::body::read_limited;
+use corral_net::gauge::Guard;
 use corral_pool::Lease;
-use corral_pool::unix_http::{self, UnixHttpError};
+use corral_pool::unix_http;
 use corral_protocol::{ApiError, ErrorKind};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::body::{Body, Failure, ProxyBody};
-use crate::server::{App, error_response};
+use crate::app::App;
+use crate::body::{Body, ProxyBody};
+use crate::proxy_error::{Kind, ProxyError};
+use crate::respond;
 
 /// Headers that describe one hop, not the message.
 const HOP: [HeaderName; 8] = [
@@ -48,93 +51,57 @@ struct Routing {
     stream: Option<serde_json::Value>,
 }
 
-/// Read a body of at most `limit` bytes.
-pub async fn read_body(req: Request<Incoming>, limit: usize) -> Result<(http::request::Parts, Bytes), ApiError> {
-    let too_big = || ApiError::new(ErrorKind::PayloadTooLarge, format!("the request body is over {limit} bytes"));
-    if req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|n| n > limit as u64)
-    {
-        return Err(too_big());
-    }
-    let (parts, body) = req.into_parts();
-    let bytes = http_body_util::Limited::new(body, limit).collect().await.map_err(|e| {
-        if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-            too_big()
-        } else {
-            ApiError::new(ErrorKind::InvalidJson, format!("reading the body: {e}"))
-        }
-    })?;
-    Ok((parts, bytes.to_bytes()))
-}
-
-pub async fn forward(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let (parts, body) = match read_body(req, app.cfg.max_body_bytes).await {
+pub async fn forward(app: Arc<App>, req: Request<Incoming>, guard: Guard) -> Response<Body> {
+    let (parts, body) = match read_limited(req, app.cfg.max_body_bytes).await {
         Ok(x) => x,
-        Err(e) => return error_response(&e),
+        Err(e) => return respond::error(&e.into()),
     };
     // Only `model` is read; anything else about the body is the engine's to judge.
     let (model, sse_wanted) = match serde_json::from_slice::<Routing>(&body) {
         Ok(r) => (r.model, r.stream.and_then(|s| s.as_bool()).unwrap_or(false)),
         Err(e) if app.pool.default_model().is_none() => {
-            return error_response(&ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
+            return respond::error(&ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
         }
         Err(_) => (None, false),
     };
-    let mut attempt = 0;
+    if let Some(m) = &model {
+        tracing::Span::current().record("model", m.as_str());
+    }
+    let mut refused_by: Option<u32> = None;
     loop {
-        let lease = match app.pool.lease(model.as_deref()).await {
+        let lease = match app.pool.lease_avoiding(model.as_deref(), refused_by).await {
             Ok(l) => l,
-            Err(e) => return error_response(&e),
+            Err(e) => return respond::error(&e.into()),
         };
         match send(&app, &lease, &parts, body.clone()).await {
-            Ok(resp) => return respond(&app, resp, lease, sse_wanted),
-            Err(SendError::NotConnected(e)) if attempt == 0 => {
-                // Nothing reached the engine (it died or is being replaced): safe to retry.
-                tracing::info!(model = %lease.model, error = %e, "engine unreachable; retrying once");
-                attempt += 1;
-                lease.release();
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok(resp) => return pass_through(&app, resp, lease, guard, sse_wanted),
+            Err(e) if e.kind.retry() && refused_by.is_none() => {
+                // Nothing reached the engine (it died or is being replaced): wait for one
+                // that is not this process, and send it there.
+                tracing::info!(model = %lease.model, pid = lease.pid, error = %e, "engine unreachable; retrying once");
+                refused_by = Some(lease.pid);
             }
-            Err(SendError::NotConnected(e)) => {
-                app.stats.proxy_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return error_response(&ApiError::new(
-                    ErrorKind::EngineUnavailable,
-                    format!("the engine is unreachable: {e}"),
-                ));
-            }
-            Err(SendError::Failed(e)) => {
-                app.stats.proxy_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                app.pool.recycle(&lease.model, lease.pid);
-                return error_response(&ApiError::new(
-                    ErrorKind::EngineUnavailable,
-                    format!("the engine failed before answering: {e}"),
-                ));
-            }
-            Err(SendError::Timeout) => {
-                app.stats.proxy_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                app.pool.recycle(&lease.model, lease.pid);
-                return error_response(&ApiError::new(ErrorKind::EngineTimeout, "the engine did not answer in time"));
-            }
+            Err(e) => return fail(&app, &lease, e),
         }
     }
 }
 
-enum SendError {
-    NotConnected(UnixHttpError),
-    Failed(hyper::Error),
-    Timeout,
+/// Apply the table to a failure before the head: count, recycle, answer.
+fn fail(app: &App, lease: &Lease, e: ProxyError) -> Response<Body> {
+    tracing::warn!(model = %lease.model, pid = lease.pid, error = %e, "proxying failed");
+    if e.kind.side() != crate::proxy_error::Side::Downstream {
+        app.stats.proxy_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    if e.kind.recycles_engine() {
+        app.pool.recycle(&lease.model, lease.pid);
+    }
+    let api = e.to_api().unwrap_or_else(|| ApiError::new(ErrorKind::Internal, e.to_string()));
+    respond::error(&api)
 }
 
-async fn send(
-    app: &App,
-    lease: &Lease,
-    parts: &http::request::Parts,
-    body: Bytes,
-) -> Result<Response<Incoming>, SendError> {
-    let mut tx = unix_http::connect::<Full<Bytes>>(&lease.socket).await.map_err(SendError::NotConnected)?;
+/// The request as the engine gets it: same method, path, headers (minus hop-by-hop)
+/// and body.
+fn engine_request(parts: &http::request::Parts, body: Bytes) -> Result<Request<Full<Bytes>>, ProxyError> {
     let mut req =
         Request::builder().method(parts.method.clone()).uri(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
     if let Some(h) = req.headers_mut() {
@@ -143,15 +110,35 @@ async fn send(
         h.insert(header::HOST, HeaderValue::from_static("engine"));
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     }
-    let req = req.body(Full::new(body)).map_err(|_| SendError::Timeout)?;
+    req.body(Full::new(body)).map_err(|e| ProxyError::new(Kind::Build, e))
+}
+
+async fn send(
+    app: &App,
+    lease: &Lease,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Result<Response<Incoming>, ProxyError> {
+    let req = engine_request(parts, body)?;
+    let mut tx =
+        unix_http::connect::<Full<Bytes>>(&lease.socket).await.map_err(|e| ProxyError::new(Kind::Connect, e))?;
     match tokio::time::timeout(app.cfg.engine_timeout, tx.send_request(req)).await {
         Ok(Ok(resp)) => Ok(resp),
-        Ok(Err(e)) => Err(SendError::Failed(e)),
-        Err(_) => Err(SendError::Timeout),
+        Ok(Err(e)) if e.is_parse() || e.is_parse_status() => Err(ProxyError::new(Kind::BadHead, e)),
+        Ok(Err(e)) => Err(ProxyError::new(Kind::Send, e)),
+        Err(_) => {
+            Err(ProxyError::new(Kind::HeadTimeout, format!("no answer in {} ms", app.cfg.engine_timeout.as_millis())))
+        }
     }
 }
 
-fn respond(app: &Arc<App>, resp: Response<Incoming>, lease: Lease, sse_wanted: bool) -> Response<Body> {
+fn pass_through(
+    app: &Arc<App>,
+    resp: Response<Incoming>,
+    lease: Lease,
+    guard: Guard,
+    sse_wanted: bool,
+) -> Response<Body> {
     let (mut parts, upstream) = resp.into_parts();
     strip_hop(&mut parts.headers);
     let sse = sse_wanted
@@ -160,12 +147,38 @@ fn respond(app: &Arc<App>, resp: Response<Incoming>, lease: Lease, sse_wanted: b
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-    let (pool, model, pid) = (app.pool.clone(), lease.model.clone(), lease.pid);
-    let on_failure = Box::new(move |why: Failure| {
-        if let Failure::Stalled = why {
-            pool.recycle(&model, pid);
+    let (app2, model, pid) = (app.clone(), lease.model.clone(), lease.pid);
+    let on_failure = Box::new(move |e: &ProxyError| {
+        tracing::warn!(model = %model, pid, error = %e, "engine response failed mid-body");
+        app2.stats.proxy_errors.fetch_add(1, Ordering::Relaxed);
+        if e.kind.recycles_engine() {
+            app2.pool.recycle(&model, pid);
         }
     });
-    let body = ProxyBody::new(upstream, lease, sse, app.cfg.stall_timeout, app.stats.clone(), on_failure);
+    let body = ProxyBody::new(upstream, lease, guard, sse, app.cfg.stall_timeout, on_failure);
     Response::from_parts(parts, Body::Proxy(Box::new(body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_gets_the_same_request_minus_hop_headers() {
+        let req = Request::builder()
+            .method("POST")
+            .uri("http://example.com/v1/chat/completions?x=1")
+            .header("connection", "keep-alive")
+            .header("x-custom", "kept")
+            .header("host", "example.com")
+            .body(())
+            .unwrap();
+        let (parts, ()) = req.into_parts();
+        let out = engine_request(&parts, Bytes::from_static(b"{}")).unwrap();
+        assert_eq!(out.uri(), "/v1/chat/completions?x=1");
+        assert_eq!(out.headers()["host"], "engine");
+        assert_eq!(out.headers()["x-custom"], "kept");
+        assert_eq!(out.headers()["content-length"], "2");
+        assert!(out.headers().get("connection").is_none());
+    }
 }

@@ -1,8 +1,9 @@
-//! Gateway counters for `GET /stats`.
+//! Gateway counters for `GET /stats`. Counters only: nothing here decides anything
+//! (shutdown waits on `App::in_flight`, a gauge, not on these).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -10,7 +11,6 @@ use serde::Serialize;
 pub struct GatewayStats {
     started: Instant,
     pub requests_total: AtomicU64,
-    pub in_flight: AtomicUsize,
     pub proxy_errors: AtomicU64,
     by_route: Mutex<BTreeMap<String, u64>>,
     by_status: Mutex<BTreeMap<u16, u64>>,
@@ -38,7 +38,6 @@ impl GatewayStats {
         Self {
             started: Instant::now(),
             requests_total: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
             proxy_errors: AtomicU64::new(0),
             by_route: Mutex::new(BTreeMap::new()),
             by_status: Mutex::new(BTreeMap::new()),
@@ -52,7 +51,7 @@ impl GatewayStats {
         *self.by_status.lock().unwrap_or_else(|e| e.into_inner()).entry(status).or_default() += 1;
     }
 
-    pub fn view(&self, pool: &corral_pool::pool::Counters) -> GatewayView {
+    pub fn view(&self, pool: &corral_pool::pool::Counters, in_flight: usize) -> GatewayView {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         GatewayView {
             pid: std::process::id(),
@@ -66,7 +65,7 @@ impl GatewayStats {
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
-            in_flight: self.in_flight.load(Ordering::Relaxed),
+            in_flight,
             proxy_errors: ld(&self.proxy_errors),
             switches: ld(&pool.switches),
             last_switch_ms: ld(&pool.last_switch_ms),

@@ -1,22 +1,18 @@
 //! Watching one engine process: its ready line on stdout, its log lines on stderr
-//! (re-emitted under the engine's span and kept in a tail for crash reports), its
-//! exit, and stopping it (drain → SIGTERM to its group → SIGKILL after a deadline).
+//! (re-emitted under the engine's span and kept in a tail for crash reports), and its
+//! exit, published once it has been reaped. Stopping is `stop.rs`.
 
 use std::collections::VecDeque;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use corral_protocol::engine_wire::ReadyEvent;
+use corral_protocol::engine_wire::EngineEvent;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin};
-use tokio::sync::mpsc;
-
-use crate::unix_http;
+use tokio::sync::{oneshot, watch};
 
 /// Stderr lines kept for crash reports.
 pub const TAIL_LINES: usize = 50;
@@ -32,18 +28,16 @@ pub struct ExitInfo {
     pub stderr_tail: Vec<String>,
 }
 
-pub enum ProcEvent {
-    Ready(ReadyEvent),
-    Exited(ExitInfo),
-}
-
 pub type Tail = Arc<Mutex<VecDeque<String>>>;
 
 pub struct Watched {
     pub pid: u32,
     /// Held open for the engine's lifetime: EOF on it means "your parent is gone".
     pub stdin: Option<ChildStdin>,
-    pub events: mpsc::UnboundedReceiver<ProcEvent>,
+    /// Fires on the ready line.
+    pub ready: oneshot::Receiver<()>,
+    /// `Some` once the process has exited and been reaped.
+    pub exited: watch::Receiver<Option<ExitInfo>>,
     pub tail: Tail,
 }
 
@@ -55,17 +49,19 @@ pub fn unix_secs() -> u64 {
 pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
     let pid = child.id().ok_or_else(|| std::io::Error::other("the engine exited before it could be watched"))?;
     let stdin = child.stdin.take();
-    let (tx, events) = mpsc::unbounded_channel();
+    let (ready_tx, ready) = oneshot::channel();
+    let (exit_tx, exited) = watch::channel(None);
     let tail: Tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
     if let Some(out) = child.stdout.take() {
-        let tx = tx.clone();
         tokio::spawn(async move {
+            let mut ready_tx = Some(ready_tx);
             let mut lines = BufReader::new(out).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(ev) = serde_json::from_str::<ReadyEvent>(&line)
-                    && ev.event == "ready"
+                if let Some(EngineEvent::Ready(ev)) = EngineEvent::parse(&line)
+                    && let Some(tx) = ready_tx.take()
                 {
-                    let _ = tx.send(ProcEvent::Ready(ev));
+                    tracing::debug!(pid = ev.pid, load_ms = ev.load_ms, "engine ready line");
+                    let _ = tx.send(());
                 }
             }
         });
@@ -101,9 +97,9 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
             Err(_) => (None, None),
         };
         let stderr_tail = tail2.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
-        let _ = tx.send(ProcEvent::Exited(ExitInfo { code, signal, at: unix_secs(), stderr_tail }));
+        let _ = exit_tx.send(Some(ExitInfo { code, signal, at: unix_secs(), stderr_tail }));
     });
-    Ok(Watched { pid, stdin, events, tail })
+    Ok(Watched { pid, stdin, ready, exited, tail })
 }
 
 /// Log an engine's stderr line under the gateway's subscriber, keeping its level.
@@ -143,18 +139,6 @@ pub fn signal_group(pid: u32, sig: Signal) {
     {
         tracing::warn!(pid, signal = ?sig, error = %e, "signalling engine group failed");
     }
-}
-
-/// Ask the engine to drain (so its caches are saved), then SIGTERM its group. The
-/// caller watches for the exit and escalates to SIGKILL at its own deadline.
-pub async fn drain_then_term(pid: u32, socket: &Path, drain: Duration) {
-    let path = format!("/admin/drain?timeout_ms={}", drain.as_millis());
-    match unix_http::call(socket, "POST", &path, Bytes::new(), drain + Duration::from_secs(2)).await {
-        Ok((200, _)) => {}
-        Ok((status, body)) => tracing::warn!(pid, status, body = %String::from_utf8_lossy(&body), "drain refused"),
-        Err(e) => tracing::warn!(pid, error = %e, "drain failed"),
-    }
-    signal_group(pid, Signal::SIGTERM);
 }
 
 #[cfg(test)]

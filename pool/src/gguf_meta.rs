@@ -180,7 +180,10 @@ mod tests {
             ("tokenizer.chat_template", 8, str_val("{{ x }}")),
         ]);
         let m = parse(&mut Cursor::new(h)).unwrap();
-        assert_eq!(m, GgufMeta { arch: "gemma3".into(), context_length: Some(32768), chat_template: Some("{{ x }}".into()) });
+        assert_eq!(
+            m,
+            GgufMeta { arch: "gemma3".into(), context_length: Some(32768), chat_template: Some("{{ x }}".into()) }
+        );
     }
 
     #[test]

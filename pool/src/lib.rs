@@ -2,14 +2,30 @@
 //! child process per model — spawn, readiness, supervision, drain, stop, respawn with
 //! backoff, LRU eviction under a count cap and a memory budget. It never links model
 //! code: an engine is a process reached over HTTP on a unix socket.
+//!
+//! Layout: `slot.rs` is each engine's state machine as data (pure, tested row by row);
+//! `pool.rs` drives it (locks, performs effects, leases; `lease.rs`, and `tasks.rs` for
+//! the engine watcher and keep-alive timer); `stop.rs` is the one stop path;
+//! `procs.rs` is the door to processes and sockets (`spawn.rs`, `child.rs`,
+//! `unix_http.rs` behind it); `policy.rs` holds the decisions across models (LRU
+//! victims, room to start, backoff); `error.rs` the reasons a lease fails.
 
 pub mod child;
+pub mod error;
 pub mod gguf_meta;
+pub mod lease;
 pub mod policy;
 pub mod pool;
+pub mod procs;
 pub mod registry;
+pub mod slot;
 pub mod spawn;
 pub mod state;
+pub mod stop;
+mod tasks;
 pub mod unix_http;
+pub mod view;
 
-pub use pool::{Lease, Pool, PoolConfig, PoolSnapshot};
+pub use error::LeaseError;
+pub use pool::{Lease, Pool, PoolConfig};
+pub use view::PoolSnapshot;

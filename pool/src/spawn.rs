@@ -27,6 +27,7 @@ pub struct SpawnSpec {
 
 type Reply = oneshot::Sender<std::io::Result<Child>>;
 
+#[derive(Clone)]
 pub struct Spawner {
     tx: std::sync::mpsc::Sender<(SpawnSpec, Reply)>,
 }

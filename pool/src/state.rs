@@ -3,12 +3,14 @@
 //! ```text
 //!  Stopped ──▶ Starting ──▶ Ready ──▶ Draining ──▶ Stopped
 //!     ▲           │  │         │           │
-//!     │           │  └──▶ Failed ◀──┐      └──▶ Crashed (died while draining)
-//!     │           ▼                 │
-//!     └──── Crashed ────────────────┘ (crash loop)
+//!     │           │  └──▶ Failed ◀─────────┤ (a hung engine's exit ends a crash loop)
+//!     │           ▼                        ▼
+//!     └──────── Crashed ◀───────────── Crashed (died while stopping, or was hung)
 //! ```
 //! `Crashed` and `Failed` engines start again on demand (`Failed` only after its
-//! cooldown); shutdown may stop an engine from any live state.
+//! cooldown); shutdown may stop an engine from any live state. Which event causes
+//! which transition is decided in `slot.rs`; this table is the guard it is checked
+//! against.
 
 use serde::Serialize;
 
@@ -43,8 +45,8 @@ pub const TRANSITIONS: &[(EngineState, EngineState)] = &[
     (Ready, Failed),
     (Draining, Stopped),
     (Draining, Crashed),
+    (Draining, Failed),
     (Crashed, Starting),
-    (Crashed, Failed),
     (Crashed, Stopped),
     (Failed, Starting),
     (Failed, Stopped),
@@ -91,9 +93,9 @@ mod tests {
         expect(Ready, Crashed, true); // died while serving
         expect(Ready, Failed, true); // exit 78 after ready (config reloaded badly)
         expect(Draining, Stopped, true); // clean stop
-        expect(Draining, Crashed, true); // died with a non-clean status while stopping
+        expect(Draining, Crashed, true); // died with a non-clean status while stopping, or was hung
+        expect(Draining, Failed, true); // a hung engine's kill is the 4th crash in 60 s
         expect(Crashed, Starting, true); // respawn on demand after backoff
-        expect(Crashed, Failed, true); // more than 3 crashes in 60 s
         expect(Crashed, Stopped, true); // shutdown of a dead engine
         expect(Failed, Starting, true); // cooldown passed
         expect(Failed, Stopped, true); // shutdown
@@ -106,6 +108,7 @@ mod tests {
         assert!(!can_transition(Stopped, Ready), "must load first");
         assert!(!can_transition(Failed, Ready));
         assert!(!can_transition(Draining, Ready), "a draining engine never serves again");
+        assert!(!can_transition(Crashed, Failed), "a crash loop is decided when the process exits");
     }
 
     #[test]

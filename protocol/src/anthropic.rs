@@ -139,11 +139,18 @@ mod tests {
     fn blocks_and_events_have_anthropic_tags() {
         let b = ContentBlock::ToolUse { id: "toolu_1".into(), name: "f".into(), input: serde_json::json!({"a": 1}) };
         assert_eq!(serde_json::to_value(&b).unwrap()["type"], "tool_use");
-        let e = StreamEvent::ContentBlockDelta { index: 1, delta: BlockDelta::InputJsonDelta { partial_json: "{".into() } };
+        let e =
+            StreamEvent::ContentBlockDelta { index: 1, delta: BlockDelta::InputJsonDelta { partial_json: "{".into() } };
         let v = serde_json::to_value(&e).unwrap();
-        assert_eq!((v["type"].as_str(), v["delta"]["type"].as_str()), (Some("content_block_delta"), Some("input_json_delta")));
+        assert_eq!(
+            (v["type"].as_str(), v["delta"]["type"].as_str()),
+            (Some("content_block_delta"), Some("input_json_delta"))
+        );
         assert_eq!(e.name(), "content_block_delta");
-        assert_eq!(serde_json::to_value(StreamEvent::MessageStop).unwrap(), serde_json::json!({"type": "message_stop"}));
+        assert_eq!(
+            serde_json::to_value(StreamEvent::MessageStop).unwrap(),
+            serde_json::json!({"type": "message_stop"})
+        );
     }
 
     #[test]

@@ -1,17 +1,33 @@
-//! What an engine process says to its parent: the ready line on stdout and the
-//! unix-socket-only admin responses.
+//! What an engine process says to its parent: the event line on stdout and the
+//! unix-socket-only admin responses (`/admin/drain`, `/admin/stats`), typed on both sides.
 
 use serde::{Deserialize, Serialize};
 
-/// The one JSON line an engine prints on stdout once the model is loaded and the
-/// socket accepts connections.
+/// A JSON line an engine prints on stdout. Today only `ready`: once the model is loaded
+/// and the socket accepts connections. Lines that do not parse as an event are ignored.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ReadyEvent {
-    pub event: String,
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum EngineEvent {
+    Ready(Ready),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Ready {
     pub pid: u32,
     pub socket: String,
     pub model: String,
     pub load_ms: u64,
+}
+
+impl EngineEvent {
+    /// The event on one stdout line, if it is one.
+    pub fn parse(line: &str) -> Option<Self> {
+        serde_json::from_str(line).ok()
+    }
+
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("engine events always serialize")
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -45,8 +61,51 @@ pub struct Memory {
     pub model_file_bytes: u64,
 }
 
+/// The RAM tier of the prompt cache.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PromptCacheStats {
+    pub entries: usize,
+    pub bytes: u64,
+    pub max_bytes: u64,
+    /// Requests that reused a prefix, from RAM or disk.
+    pub hits: u64,
+    /// Requests that reused nothing.
+    pub misses: u64,
+    pub hit_tokens: u64,
+}
+
+/// The SSD tier of the prompt cache.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SsdCacheStats {
+    pub dir: String,
+    pub usable: bool,
+    /// Why the tier is off, when it is.
+    pub error: Option<String>,
+    pub entries: usize,
+    pub bytes: u64,
+    pub max_bytes: u64,
+    /// Hits served from disk.
+    pub restores: u64,
+    pub restore_ms_last: u64,
+    /// Files written.
+    pub spills: u64,
+    /// Entries made durable by eviction, drain, flush or idle demotion.
+    pub demotions: u64,
+    pub failed_spills: u64,
+    pub rejected_files: u64,
+    /// Entries pushed out of RAM and waiting for the writer, and their bytes.
+    pub pending_spills: usize,
+    pub pending_spill_bytes: u64,
+    /// Queued spills dropped because the queue was over `--ssd-spill-queue` (each is a
+    /// later miss, never a wrong answer).
+    pub dropped_spills: u64,
+}
+
 /// `GET /admin/stats` on an engine socket.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct EngineStats {
     pub model: String,
     pub pid: u32,
@@ -64,11 +123,32 @@ pub struct EngineStats {
     /// Exponential moving averages (weight 0.2 for the newest request).
     pub avg: Averages,
     pub memory: Memory,
-    /// `{entries, bytes, max_bytes, hits, misses, hit_tokens}` (see docs/api.md).
-    #[serde(default)]
-    pub prompt_cache: serde_json::Value,
-    /// `{dir, usable, error, entries, bytes, max_bytes, restores, restore_ms_last, spills,
-    /// demotions, failed_spills, rejected_files}`, or null when the SSD tier is off.
-    #[serde(default)]
-    pub ssd_cache: serde_json::Value,
+    pub prompt_cache: PromptCacheStats,
+    /// `None` when the SSD tier is off.
+    pub ssd_cache: Option<SsdCacheStats>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_line_keeps_its_wire_shape() {
+        let ev = EngineEvent::Ready(Ready { pid: 7, socket: "/s".into(), model: "m".into(), load_ms: 3 });
+        let line = ev.to_line();
+        assert_eq!(line, r#"{"event":"ready","pid":7,"socket":"/s","model":"m","load_ms":3}"#);
+        assert_eq!(EngineEvent::parse(&line), Some(ev));
+        assert_eq!(EngineEvent::parse(r#"{"event":"other"}"#), None);
+        assert_eq!(EngineEvent::parse("not json"), None);
+    }
+
+    #[test]
+    fn stats_parse_from_a_partial_object() {
+        let s: EngineStats = serde_json::from_str(r#"{"model":"m","requests_total":3}"#).unwrap();
+        assert_eq!((s.model.as_str(), s.requests_total, s.ssd_cache), ("m", 3, None));
+        let v = serde_json::to_value(EngineStats { ssd_cache: Some(SsdCacheStats::default()), ..Default::default() })
+            .unwrap();
+        assert_eq!(v["ssd_cache"]["dropped_spills"], 0);
+        assert_eq!(v["prompt_cache"]["hits"], 0);
+    }
 }

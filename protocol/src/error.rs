@@ -4,6 +4,11 @@
 //! `type` is the OpenAI category (`invalid_request_error`, `rate_limit_error`,
 //! `server_error`) and `code` names the exact condition. Both strings are API: they
 //! never change meaning once shipped.
+//!
+//! Rendering is here too, once per API shape (`ApiShape`): the status, headers and body
+//! of an error response, and the terminal event of a stream that fails after it started.
+//! Each server wraps `ApiError::render` in a few lines of its own HTTP types; nothing else
+//! turns an error into bytes.
 
 use serde::{Deserialize, Serialize};
 
@@ -140,9 +145,53 @@ impl ApiError {
         }
     }
 
+    /// The OpenAI-shaped body.
     pub fn to_json(&self) -> String {
         serde_json::to_string(&self.body()).unwrap_or_else(|_| r#"{"error":{"message":"error"}}"#.to_owned())
     }
+
+    pub fn status(&self) -> u16 {
+        self.kind.status()
+    }
+
+    /// Headers every response carrying this error gets (`Retry-After`).
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        self.kind.retry_after_secs().map(|s| ("retry-after", s.to_string())).into_iter().collect()
+    }
+
+    /// The whole error response in `shape`.
+    pub fn render(&self, shape: ApiShape) -> Rendered {
+        let body = match shape {
+            ApiShape::OpenAi => self.to_json(),
+        };
+        let mut headers = self.headers();
+        headers.push(("content-type", "application/json".to_owned()));
+        Rendered { status: self.status(), headers, body }
+    }
+
+    /// The terminal SSE event of a stream that fails after it started (no `[DONE]`
+    /// follows it).
+    pub fn sse_event(&self, shape: ApiShape) -> String {
+        match shape {
+            ApiShape::OpenAi => format!("data: {}\n\n", self.to_json()),
+        }
+    }
+}
+
+/// The wire shapes an API error is written in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ApiShape {
+    /// `{"error":{"message","type","param","code"}}` and `data: {…}` events.
+    #[default]
+    OpenAi,
+}
+
+/// An error response ready to write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rendered {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
 }
 
 impl std::fmt::Display for ApiError {
@@ -189,5 +238,16 @@ mod tests {
         assert_eq!(ErrorKind::EngineDraining.type_str(), "server_error");
         assert_eq!(ErrorKind::PayloadTooLarge.status(), 413);
         assert_eq!(ErrorKind::EngineCrashLoop.retry_after_secs(), Some(60));
+    }
+
+    #[test]
+    fn rendering_carries_status_retry_after_and_the_same_body_as_the_event() {
+        let e = ApiError::new(ErrorKind::Overloaded, "busy");
+        let r = e.render(ApiShape::OpenAi);
+        assert_eq!(r.status, 503);
+        assert!(r.headers.contains(&("retry-after", "1".to_owned())));
+        assert!(r.headers.contains(&("content-type", "application/json".to_owned())));
+        assert_eq!(e.sse_event(ApiShape::OpenAi), format!("data: {}\n\n", r.body));
+        assert!(ApiError::invalid("x", "y").headers().is_empty());
     }
 }

@@ -1,4 +1,6 @@
-//! Wire types shared by every corral process: model ids, public API shapes, error kinds.
+//! Wire types shared by every corral process: model ids, public API shapes, error kinds
+//! and their rendering, and the contract between the pool and its engine processes
+//! (command line, exit codes, event line, admin shapes).
 //!
 //! This crate owns *shapes*, never behaviour: no I/O, no tokio, no model code. Both the
 //! engine and the gateway depend on it, so a string that crosses a process boundary is
@@ -8,9 +10,10 @@ pub mod anthropic;
 pub mod engine_wire;
 pub mod error;
 pub mod http_limits;
+pub mod launch;
 mod model_id;
 pub mod openai;
 pub mod responses;
 
-pub use error::{ApiError, ErrorKind};
+pub use error::{ApiError, ApiShape, ErrorKind, Rendered};
 pub use model_id::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};

@@ -45,6 +45,14 @@ impl ModelId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The file name of the socket of this model's `generation`-th engine: short (unix
+    /// socket paths are limited to ~104 bytes) and derived from a hash, never from the
+    /// raw id.
+    pub fn socket_name(&self, generation: u64) -> String {
+        let h = self.0.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193));
+        format!("e-{h:08x}-{generation}.sock")
+    }
 }
 
 impl fmt::Display for ModelId {
@@ -75,5 +83,13 @@ mod tests {
         assert!(matches!(ModelId::new("a..b"), Err(ModelIdError::BadShape(_))));
         assert_eq!(ModelId::new("x".repeat(MAX_MODEL_ID_LEN + 1)), Err(ModelIdError::TooLong));
         assert!(ModelId::new("x".repeat(MAX_MODEL_ID_LEN)).is_ok());
+    }
+
+    #[test]
+    fn socket_names_are_short_and_per_generation() {
+        let id = ModelId::new("x".repeat(MAX_MODEL_ID_LEN)).unwrap();
+        assert!(id.socket_name(u64::MAX).len() < 40);
+        assert_ne!(id.socket_name(1), id.socket_name(2));
+        assert_eq!(ModelId::new("a").unwrap().socket_name(3), "e-e40c292c-3.sock");
     }
 }

@@ -1,7 +1,8 @@
 //! A fault-injecting stand-in for `corral engine`, for gateway tests only.
 //!
 //! It speaks the engine's protocol (argv, ready line, socket, `/health`, `/v1/models`,
-//! `/admin/*`, streamed and whole completions) without a model: its "model file" is a
+//! `/admin/*`, streamed and whole completions) without a model, with the flag names, event
+//! line and stats shapes of `corral_protocol`: its "model file" is a
 //! JSON object of behaviours, e.g. `{"tokens": 40, "token_ms": 20, "crash_after_tokens":
 //! 5}`. Every field is optional:
 //!
@@ -16,25 +17,24 @@
 //! - `garbage`: answer generation requests with bytes that are not HTTP
 //! - `die_on_request`: exit (code 1) as soon as a generation request arrives
 //! - `ignore_sigterm`: keep running on SIGTERM
+//! - `drain_ms`: take this long to answer `/admin/drain`
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use corral_protocol::engine_wire::{EngineEvent, EngineStats, Ready};
+use corral_protocol::launch::{find_arg, flag};
 use serde_json::{Value, json};
 
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let model = arg(&args, "--model").expect("--model");
-    let socket = arg(&args, "--socket").expect("--socket");
-    let id = arg(&args, "--id").unwrap_or_else(|| "fake".into());
+    let model = find_arg(&args, flag::MODEL).expect("--model");
+    let socket = find_arg(&args, flag::SOCKET).expect("--socket");
+    let id = find_arg(&args, flag::ID).unwrap_or_else(|| "fake".into());
     let cfg: Value =
         std::fs::read_to_string(&model).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(json!({}));
     if let Some(line) = cfg["stderr"].as_str() {
@@ -67,7 +67,8 @@ fn main() {
     });
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).expect("bind");
-    println!("{}", json!({"event": "ready", "pid": std::process::id(), "socket": socket, "model": id, "load_ms": 1}));
+    let ready = Ready { pid: std::process::id(), socket: socket.clone(), model: id.clone(), load_ms: 1 };
+    println!("{}", EngineEvent::Ready(ready).to_line());
     std::io::stdout().flush().unwrap();
     if let Some(ms) = cfg["exit_after_ready_ms"].as_u64() {
         std::thread::spawn(move || {
@@ -117,10 +118,16 @@ fn serve(mut stream: UnixStream, cfg: &Value, id: &str) {
             respond(&mut stream, "200 OK", "application/json", &card.to_string());
         }
         ("GET", "/admin/stats") => {
-            let s = json!({"model": id, "pid": std::process::id(), "requests_total": REQUESTS.load(Ordering::Relaxed), "fake": true});
-            respond(&mut stream, "200 OK", "application/json", &s.to_string());
+            let s = EngineStats {
+                model: id.to_owned(),
+                pid: std::process::id(),
+                requests_total: REQUESTS.load(Ordering::Relaxed),
+                ..Default::default()
+            };
+            respond(&mut stream, "200 OK", "application/json", &serde_json::to_string(&s).unwrap());
         }
         ("POST", "/admin/drain") => {
+            std::thread::sleep(Duration::from_millis(cfg["drain_ms"].as_u64().unwrap_or(0)));
             respond(&mut stream, "200 OK", "application/json", r#"{"drained":true,"demotions":0,"cancelled":0}"#)
         }
         ("POST", "/v1/chat/completions" | "/v1/completions") => {

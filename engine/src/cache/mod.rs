@@ -11,10 +11,11 @@ pub mod ram;
 pub mod ssd;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use corral_protocol::engine_wire::{PromptCacheStats, SsdCacheStats};
 use serde::Serialize;
 
 use crate::kv::{KvShape, SeqCache};
@@ -26,8 +27,12 @@ pub struct CacheConfig {
     /// RAM tier cap in bytes; 0 disables the prompt cache (and the SSD tier with it).
     pub ram_bytes: u64,
     pub ssd: Option<SsdConfig>,
-    /// Entries unused this long leave RAM for the SSD tier.
-    pub demote_idle: Duration,
+    /// Entries unused this long leave RAM for the SSD tier (`None`: never for idleness).
+    pub demote_idle: Option<Duration>,
+    /// Bytes of entries pushed out of RAM that may wait for the writer.
+    pub spill_queue_bytes: u64,
+    /// Write new entries behind once idle (eviction, drain and flush write regardless).
+    pub write_behind: bool,
     /// Idle time after a request before the write-behind snapshots new entries.
     pub write_behind_after: Duration,
 }
@@ -37,7 +42,9 @@ impl Default for CacheConfig {
         Self {
             ram_bytes: 8_000_000_000,
             ssd: None,
-            demote_idle: Duration::from_secs(300),
+            demote_idle: Some(Duration::from_secs(300)),
+            spill_queue_bytes: 2_000_000_000,
+            write_behind: true,
             write_behind_after: Duration::from_secs(2),
         }
     }
@@ -62,11 +69,9 @@ pub struct PromptCache {
     ram: Mutex<ram::RamCache>,
     ssd: Option<ssd::SsdTier>,
     counters: RamCounters,
-    /// A request is running or queued: background writes wait.
-    busy: AtomicBool,
-    last_activity: Mutex<Instant>,
+    /// The spill queue and the busy/idle signal shared with the writer thread.
+    writer: Arc<writer::Shared>,
     cfg: CacheConfig,
-    spill_tx: Mutex<Option<std::sync::mpsc::Sender<writer::Spill>>>,
 }
 
 #[derive(Serialize)]
@@ -93,10 +98,8 @@ impl PromptCache {
             ram: Mutex::new(ram::RamCache::new(cfg.ram_bytes)),
             ssd,
             counters: RamCounters::default(),
-            busy: AtomicBool::new(false),
-            last_activity: Mutex::new(Instant::now()),
+            writer: writer::Shared::new(cfg.spill_queue_bytes),
             cfg,
-            spill_tx: Mutex::new(None),
         });
         if cache.ssd.is_some() {
             writer::start(&cache);
@@ -118,16 +121,7 @@ impl PromptCache {
 
     /// Mark the start or end of request work (background writes pause meanwhile).
     pub fn set_busy(&self, busy: bool) {
-        self.busy.store(busy, Ordering::SeqCst);
-        *self.last_activity.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-    }
-
-    fn is_busy(&self) -> bool {
-        self.busy.load(Ordering::SeqCst)
-    }
-
-    fn idle_for(&self) -> Duration {
-        self.last_activity.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+        self.writer.set_busy(busy);
     }
 
     /// The KV to start `prompt` from: the longest cached prefix (always leaving one
@@ -177,20 +171,13 @@ impl PromptCache {
         self.spill(out);
     }
 
-    /// Hand entries pushed out of RAM to the writer (they are demotions).
+    /// Hand entries pushed out of RAM to the writer (they are demotions). Entries already
+    /// on disk need nothing; without an SSD tier they are simply gone.
     fn spill(&self, out: Vec<ram::Entry>) {
-        if out.is_empty() {
+        if out.is_empty() || self.ssd.is_none() {
             return;
         }
-        let tx = self.spill_tx.lock().unwrap_or_else(|e| e.into_inner());
-        for e in out {
-            if e.durable {
-                continue;
-            }
-            if let Some(tx) = tx.as_ref() {
-                let _ = tx.send(writer::Spill { tokens: e.tokens, kv: e.kv });
-            }
-        }
+        self.writer.push(out.into_iter().filter(|e| !e.durable).map(|e| writer::Spill { tokens: e.tokens, kv: e.kv }));
     }
 
     /// Write every RAM entry not yet on disk, now (no pausing). With `demote`, the
@@ -221,39 +208,47 @@ impl PromptCache {
         report
     }
 
-    pub fn stats(&self) -> serde_json::Value {
+    pub fn stats(&self) -> (PromptCacheStats, Option<SsdCacheStats>) {
         let ram = self.ram();
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let prompt = serde_json::json!({
-            "entries": ram.len(),
-            "bytes": ram.bytes(),
-            "max_bytes": self.cfg.ram_bytes,
-            "hits": ld(&self.counters.hits),
-            "misses": ld(&self.counters.misses),
-            "hit_tokens": ld(&self.counters.hit_tokens),
-        });
-        drop(ram);
-        let ssd = match &self.ssd {
-            None => serde_json::Value::Null,
-            Some(s) => {
-                let (entries, bytes) = s.entries();
-                let c = &s.counters;
-                serde_json::json!({
-                    "dir": s.dir.display().to_string(),
-                    "usable": s.unusable.is_none(),
-                    "error": s.unusable,
-                    "entries": entries,
-                    "bytes": bytes,
-                    "max_bytes": s.max_bytes,
-                    "restores": ld(&c.restores),
-                    "restore_ms_last": ld(&c.restore_ms_last),
-                    "spills": ld(&c.spills),
-                    "demotions": ld(&c.demotions),
-                    "failed_spills": ld(&c.failed_spills),
-                    "rejected_files": ld(&c.rejected_files),
-                })
-            }
+        let prompt = PromptCacheStats {
+            entries: ram.len(),
+            bytes: ram.bytes(),
+            max_bytes: self.cfg.ram_bytes,
+            hits: ld(&self.counters.hits),
+            misses: ld(&self.counters.misses),
+            hit_tokens: ld(&self.counters.hit_tokens),
         };
-        serde_json::json!({"prompt_cache": prompt, "ssd_cache": ssd})
+        drop(ram);
+        let q = self.writer.stats();
+        let ssd = self.ssd.as_ref().map(|s| {
+            let (entries, bytes) = s.entries();
+            let c = &s.counters;
+            SsdCacheStats {
+                dir: s.dir.display().to_string(),
+                usable: s.unusable.is_none(),
+                error: s.unusable.clone(),
+                entries,
+                bytes,
+                max_bytes: s.max_bytes,
+                restores: ld(&c.restores),
+                restore_ms_last: ld(&c.restore_ms_last),
+                spills: ld(&c.spills),
+                demotions: ld(&c.demotions),
+                failed_spills: ld(&c.failed_spills),
+                rejected_files: ld(&c.rejected_files),
+                pending_spills: q.pending,
+                pending_spill_bytes: q.pending_bytes,
+                dropped_spills: q.dropped,
+            }
+        });
+        (prompt, ssd)
+    }
+}
+
+impl Drop for PromptCache {
+    fn drop(&mut self) {
+        // Ends the writer thread's wait.
+        self.writer.close();
     }
 }

@@ -130,6 +130,16 @@ impl RamCache {
         v.into_iter().map(|e| (e.id, e.tokens.clone(), e.kv.clone())).collect()
     }
 
+    /// Whether any entry is not yet on disk (what the write-behind would write).
+    pub fn any_not_durable(&self) -> bool {
+        self.entries.iter().any(|e| !e.durable)
+    }
+
+    /// The least recent use of any entry (when idle demotion is next due).
+    pub fn oldest_use(&self) -> Option<Instant> {
+        self.entries.iter().map(|e| e.last_used).min()
+    }
+
     pub fn mark_durable(&mut self, id: u64) {
         if let Some(e) = self.entries.iter_mut().find(|e| e.id == id) {
             e.durable = true;
@@ -210,8 +220,10 @@ mod tests {
         c.insert(toks(&[2]), kv(1), true);
         let todo = c.not_durable();
         assert_eq!(todo.len(), 1);
+        assert!(c.any_not_durable());
         c.mark_durable(todo[0].0);
-        assert!(c.not_durable().is_empty());
+        assert!(c.not_durable().is_empty() && !c.any_not_durable());
+        assert!(c.oldest_use().is_some());
         let idle = c.take_idle(Instant::now() + std::time::Duration::from_secs(1));
         assert_eq!(idle.len(), 2);
         assert!(c.is_empty() && c.bytes() == 0);

@@ -8,7 +8,6 @@
 //! writable by others disables the tier (every lookup misses) with a warning.
 
 use std::collections::HashSet;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -74,27 +73,7 @@ fn hex(b: &[u8]) -> String {
 /// A directory we may keep cache files in: a real directory (not a symlink), ours, and
 /// not writable by group or others. Created 0700 when missing.
 fn check_dir(dir: &Path) -> Result<(), String> {
-    if std::fs::symlink_metadata(dir).is_err() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    }
-    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if m.file_type().is_symlink() {
-        return Err(format!("{} is a symlink", dir.display()));
-    }
-    if !m.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
-    }
-    if m.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(format!("{} is not owned by this user", dir.display()));
-    }
-    if m.mode() & 0o022 != 0 {
-        return Err(format!("{} is writable by other users (mode {:o})", dir.display(), m.mode() & 0o777));
-    }
-    Ok(())
+    corral_net::dirs::ensure_dir(dir, corral_net::dirs::Access::NoForeignWrites).map_err(|e| e.to_string())
 }
 
 fn pid_alive(pid: i32) -> bool {

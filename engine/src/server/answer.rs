@@ -6,7 +6,43 @@
 
 use crate::reasoning::{Part, ThinkSplit};
 use crate::tools::ParsedCall;
+use crate::tools::format::ToolFormat;
 use crate::tools::stream::{Piece, ToolStream};
+
+/// How to read a request's answer back.
+#[derive(Clone, Debug, Default)]
+pub struct Reading {
+    /// Tool calls are to be read out of the output.
+    pub tools: Option<ToolOutput>,
+    /// The model reasons in `<think>` tags: `Some(true)` when the prompt already opened
+    /// one, so the output starts as reasoning.
+    pub think: Option<bool>,
+}
+
+/// How tool calls were written.
+#[derive(Clone, Debug)]
+pub struct ToolOutput {
+    pub format: ToolFormat,
+    /// Decoded under the grammar (exact layout).
+    pub enforced: bool,
+}
+
+impl Reading {
+    pub fn stream(&self) -> AnswerStream {
+        AnswerStream::new(
+            self.think.map(ThinkSplit::new),
+            self.tools.as_ref().map(|t| ToolStream::new(t.format.clone(), t.enforced)),
+        )
+    }
+
+    /// A whole output read at once.
+    pub fn read(&self, text: &str) -> Answer {
+        let mut s = self.stream();
+        let mut pieces = s.push(text);
+        pieces.extend(s.finish());
+        Answer::collect(pieces)
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AnswerPiece {
@@ -104,12 +140,13 @@ impl Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::format::ToolFormat;
 
     #[test]
     fn reasoning_then_a_call() {
-        let mut s = AnswerStream::new(Some(ThinkSplit::new("")), Some(ToolStream::new(ToolFormat::fallback(), true)));
-        let text = "<think>Need weather.</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call>";
+        let mut s =
+            AnswerStream::new(Some(ThinkSplit::new(false)), Some(ToolStream::new(ToolFormat::fallback(), true)));
+        let text =
+            "<think>Need weather.</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call>";
         let mut pieces = Vec::new();
         for ch in text.chars() {
             pieces.extend(s.push(&ch.to_string()));

@@ -26,11 +26,13 @@ pub struct Stream {
 /// Quiet time after which a stream sends `: keep-alive`.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 
-impl Body {
-    pub fn full(b: impl Into<Bytes>) -> Self {
-        Body::Full(Some(b.into()))
+impl From<Bytes> for Body {
+    fn from(b: Bytes) -> Self {
+        Body::Full(Some(b))
     }
+}
 
+impl Body {
     /// A streaming body and the sender that feeds it (bounded: a slow client applies
     /// back-pressure all the way to the generation thread).
     pub fn channel(cap: usize) -> (mpsc::Sender<Bytes>, Self) {

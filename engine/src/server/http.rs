@@ -1,28 +1,32 @@
 //! Routing and handlers of the engine's HTTP API. Every error response, before or
-//! after a stream starts, goes through `error_response` / `responses::sse_error`.
+//! after a stream starts, is rendered by `protocol`'s error rendering (through
+//! `corral_net::respond` and `responses::sse_error`). Parsing, template rendering and
+//! tokenization run on the blocking pool, never on the I/O thread, so a huge prompt does
+//! not delay `/health` or `/admin/drain`.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use corral_protocol::engine_wire::DrainResponse;
+use bytes::Bytes;
+use corral_net::gauge::{Gauge, Guard};
 use corral_protocol::openai::{Capabilities, GenDefaults, ModelCard, ModelList};
-use corral_protocol::{ApiError, ErrorKind};
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::BodyExt;
+use corral_protocol::{ApiError, ApiShape, ErrorKind};
+use http::{HeaderValue, Method, Request, Response, header};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use super::admin;
+use super::answer::{AnswerPiece, Reading};
 use super::body::Body;
-use super::requests::{self, EffectiveDefaults, ToolOutput, Validated};
+use super::requests::{self, EffectiveDefaults, Validated};
 use super::responses::{self, ChunkKind, Meta, Route};
 use super::stats::Stats;
 use super::worker::{Event, Job, Worker};
 use crate::Engine;
 use crate::chat::TemplateSource;
 use crate::generate::{FinishReason, TokenOut};
-use crate::tools::stream::{Piece, ToolStream};
 
 pub struct App {
     pub engine: Arc<Engine>,
@@ -36,22 +40,52 @@ pub struct App {
     pub defaults: EffectiveDefaults,
     pub created: u64,
     pub default_drain: Duration,
+    /// Set once a drain begins: generation requests are refused from then on.
+    pub draining: AtomicBool,
+    /// Generation requests admitted and not yet answered (a drain waits on it).
+    pub work: Arc<Gauge>,
 }
 
 pub fn error_response(e: &ApiError) -> Response<Body> {
-    let mut r = Response::new(Body::full(e.to_json()));
-    *r.status_mut() = StatusCode::from_u16(e.kind.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Some(s) = e.kind.retry_after_secs() {
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
-    }
-    r
+    corral_net::respond::error_response(e, ApiShape::OpenAi)
 }
 
-fn json_response(body: String) -> Response<Body> {
-    let mut r = Response::new(Body::full(body));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    r
+pub fn json_response(body: impl Into<Bytes>) -> Response<Body> {
+    corral_net::respond::json_response(body)
+}
+
+/// The engine's operations, parsed once per request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Health,
+    Models,
+    AdminStats,
+    AdminDrain,
+    AdminFlush,
+    ApplyTemplate,
+    Generate(Route),
+}
+
+impl Op {
+    /// The operation, or the refusal and the method to name in `Allow`.
+    fn parse(method: &Method, path: &str) -> Result<Op, (ApiError, Option<&'static str>)> {
+        let (op, allowed) = match path {
+            "/health" => (Op::Health, Method::GET),
+            "/v1/models" => (Op::Models, Method::GET),
+            "/admin/stats" => (Op::AdminStats, Method::GET),
+            "/admin/drain" => (Op::AdminDrain, Method::POST),
+            "/admin/cache/flush" => (Op::AdminFlush, Method::POST),
+            "/apply-template" => (Op::ApplyTemplate, Method::POST),
+            "/v1/chat/completions" => (Op::Generate(Route::Chat), Method::POST),
+            "/v1/completions" => (Op::Generate(Route::Completion), Method::POST),
+            _ => return Err((ApiError::new(ErrorKind::NotFound, format!("no route {path}")), None)),
+        };
+        if *method != allowed {
+            let e = ApiError::new(ErrorKind::MethodNotAllowed, format!("{method} is not allowed on {path}"));
+            return Err((e, Some(if allowed == Method::GET { "GET" } else { "POST" })));
+        }
+        Ok(op)
+    }
 }
 
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
@@ -61,32 +95,24 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
 }
 
 async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
-    let allowed: &[Method] = match path.as_str() {
-        "/health" | "/v1/models" | "/admin/stats" => &[Method::GET],
-        "/v1/chat/completions" | "/v1/completions" | "/apply-template" | "/admin/drain" | "/admin/cache/flush" => {
-            &[Method::POST]
+    let op = match Op::parse(req.method(), req.uri().path()) {
+        Ok(op) => op,
+        Err((e, allow)) => {
+            let mut r = error_response(&e);
+            if let Some(allow) = allow {
+                r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            return r;
         }
-        _ => return error_response(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),
     };
-    if !allowed.contains(&method) {
-        let mut r =
-            error_response(&ApiError::new(ErrorKind::MethodNotAllowed, format!("{method} is not allowed on {path}")));
-        r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allowed[0].as_str()));
-        return r;
-    }
-    match path.as_str() {
-        "/health" => json_response(r#"{"status":"ok"}"#.into()),
-        "/v1/models" => json_response(serde_json::to_string(&models(&app)).unwrap_or_default()),
-        "/admin/stats" => json_response(
-            serde_json::to_string(&app.stats.snapshot(&app.model_id, app.max_queue, app.engine.file_bytes, &app.cache))
-                .unwrap_or_default(),
-        ),
-        "/admin/drain" => drain(&app, &req).await,
-        "/admin/cache/flush" => flush(&app).await,
-        "/apply-template" => apply_template(&app, req).await,
-        "/v1/chat/completions" => generate(app.clone(), req, Route::Chat).await,
-        _ => generate(app.clone(), req, Route::Completion).await,
+    match op {
+        Op::Health => json_response(r#"{"status":"ok"}"#),
+        Op::Models => json_response(serde_json::to_string(&models(&app)).unwrap_or_default()),
+        Op::AdminStats => admin::stats(&app),
+        Op::AdminDrain => admin::drain(&app, &req).await,
+        Op::AdminFlush => admin::flush(&app).await,
+        Op::ApplyTemplate => apply_template(app, req).await,
+        Op::Generate(route) => generate(app.clone(), req, route).await,
     }
 }
 
@@ -128,26 +154,9 @@ fn models(app: &App) -> ModelList {
     }
 }
 
-/// Read the body (bounded) and parse it; every failure is a 4xx in our error shape.
-async fn read_json<T: DeserializeOwned>(req: Request<Incoming>, limit: usize) -> Result<T, ApiError> {
-    let too_big = || ApiError::new(ErrorKind::PayloadTooLarge, format!("the request body is over {limit} bytes"));
-    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        && len > limit as u64
-    {
-        return Err(too_big());
-    }
-    let bytes = http_body_util::Limited::new(req.into_body(), limit)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                too_big()
-            } else {
-                ApiError::new(ErrorKind::InvalidJson, format!("reading the body: {e}"))
-            }
-        })?
-        .to_bytes();
-    let mut de = serde_json::Deserializer::from_slice(&bytes);
+/// Parse a request body; every failure is a 4xx naming the field at fault.
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -163,39 +172,46 @@ async fn read_json<T: DeserializeOwned>(req: Request<Incoming>, limit: usize) ->
     Ok(v)
 }
 
+/// Parse, render the chat template and tokenize: CPU work proportional to the prompt.
+fn validate(app: &App, route: Route, bytes: &[u8]) -> Result<Validated, ApiError> {
+    match route {
+        Route::Chat => requests::chat(&parse_json(bytes)?, &app.engine, &app.defaults, app.ctx),
+        Route::Completion => requests::completion(&parse_json(bytes)?, &app.engine, &app.defaults, app.ctx),
+    }
+}
+
 async fn generate(app: Arc<App>, req: Request<Incoming>, route: Route) -> Response<Body> {
     app.stats.requests_total.fetch_add(1, Ordering::Relaxed);
-    if app.stats.draining.load(Ordering::Relaxed) {
+    // Counted before the drain flag is read, so a drain never misses an admitted request.
+    let work = app.work.enter();
+    if app.draining.load(Ordering::SeqCst) {
         return error_response(&ApiError::new(ErrorKind::EngineDraining, "the engine is draining; retry"));
     }
-    let validated = match route {
-        Route::Chat => match read_json(req, app.max_body_bytes).await {
-            Ok(r) => requests::chat(&r, &app.engine, &app.defaults, app.ctx),
-            Err(e) => Err(e),
-        },
-        Route::Completion => match read_json(req, app.max_body_bytes).await {
-            Ok(r) => requests::completion(&r, &app.engine, &app.defaults, app.ctx),
-            Err(e) => Err(e),
-        },
+    let failed = |app: &App, e: &ApiError| {
+        app.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+        error_response(e)
     };
-    let v = match validated {
+    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
+        Ok((_, b)) => b,
+        Err(e) => return failed(&app, &e.into()),
+    };
+    let job_app = app.clone();
+    let validated = tokio::task::spawn_blocking(move || validate(&job_app, route, &bytes))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request validation failed: {e}"))));
+    let Validated { prompt, params, stream, include_usage, warnings, reading, rendered: _ } = match validated {
         Ok(v) => v,
-        Err(e) => {
-            app.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-            return error_response(&e);
-        }
+        Err(e) => return failed(&app, &e),
     };
     let (events, rx) = mpsc::channel(64);
-    let Validated { prompt, params, stream, include_usage, warnings, tools, rendered: _ } = v;
     if let Err(e) = app.worker.submit(Job { prompt, params, events }) {
-        app.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-        return error_response(&e);
+        return failed(&app, &e);
     }
     let meta = Meta::new(route, &app.model_id);
     let mut r = if stream {
-        stream_response(app, meta, rx, include_usage, tools)
+        stream_response(app, meta, rx, include_usage, reading, work)
     } else {
-        whole_response(app, meta, rx, tools).await
+        whole_response(app, meta, rx, reading).await
     };
     for w in &warnings {
         r.headers_mut().append(header::WARNING, warning_header(w));
@@ -218,11 +234,15 @@ fn warning_header(reason: &str) -> HeaderValue {
 
 /// `POST /apply-template` (as llama.cpp's server): the prompt a chat request renders
 /// to, with the tool prompt and any unenforced-constraint instruction in it.
-async fn apply_template(app: &App, req: Request<Incoming>) -> Response<Body> {
-    let v = match read_json(req, app.max_body_bytes).await {
-        Ok(r) => requests::chat(&r, &app.engine, &app.defaults, app.ctx),
-        Err(e) => Err(e),
+async fn apply_template(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
+        Ok((_, b)) => b,
+        Err(e) => return error_response(&e.into()),
     };
+    let job_app = app.clone();
+    let v = tokio::task::spawn_blocking(move || validate(&job_app, Route::Chat, &bytes))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request validation failed: {e}"))));
     match v {
         Ok(v) => json_response(
             serde_json::json!({"prompt": v.rendered, "prompt_tokens": v.prompt.len(), "warnings": v.warnings})
@@ -232,12 +252,7 @@ async fn apply_template(app: &App, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
-async fn whole_response(
-    app: Arc<App>,
-    meta: Meta,
-    mut rx: mpsc::Receiver<Event>,
-    tools: Option<ToolOutput>,
-) -> Response<Body> {
+async fn whole_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, reading: Reading) -> Response<Body> {
     let mut text = String::new();
     let mut lp: Vec<TokenOut> = Vec::new();
     while let Some(ev) = rx.recv().await {
@@ -251,7 +266,8 @@ async fn whole_response(
             Event::Flush(t) => text.push_str(&t),
             Event::Done(o) if o.finish == FinishReason::Cancelled => return error_response(&cut()),
             Event::Done(o) => {
-                let body = responses::final_body(&meta, text, &o, &lp, &app.engine.tokenizer, tools.as_ref());
+                let answer = reading.read(&text);
+                let body = responses::final_body(&meta, text, answer, &o, &lp, &app.engine.tokenizer);
                 return json_response(body);
             }
             Event::Failed(e) => return error_response(&e),
@@ -270,13 +286,18 @@ fn stream_response(
     meta: Meta,
     mut rx: mpsc::Receiver<Event>,
     include_usage: bool,
-    tools: Option<ToolOutput>,
+    reading: Reading,
+    work: Guard,
 ) -> Response<Body> {
     let (tx, body) = Body::channel(16);
     tokio::spawn(async move {
+        // The request counts as work until its last event is handed to the body.
+        let _work = work;
         let tok = &app.engine.tokenizer;
         let mut offset = 0usize;
-        let mut calls = tools.map(|t| ToolStream::new(t.format, t.enforced));
+        // Chat answers are read as they come (reasoning, text, tool calls); completions
+        // stream their text as generated.
+        let mut answer = (meta.route == Route::Chat).then(|| reading.stream());
         let started = Instant::now();
         if meta.route == Route::Chat && tx.send(responses::chunk(&meta, ChunkKind::Role, tok)).await.is_err() {
             return;
@@ -290,18 +311,18 @@ fn stream_response(
             };
             let frames = match ev {
                 Some(Event::Token(t)) if t.text.is_empty() && t.logprob.is_none() => continue,
-                Some(Event::Token(t)) if calls.is_some() => {
-                    let pieces = calls.as_mut().map(|c| c.push(&t.text)).unwrap_or_default();
-                    tool_frames(&meta, tok, pieces, Some(&t))
+                Some(Event::Token(t)) if answer.is_some() => {
+                    let pieces = answer.as_mut().map(|a| a.push(&t.text)).unwrap_or_default();
+                    piece_frames(&meta, tok, pieces, Some(&t))
                 }
                 Some(Event::Token(t)) => {
                     let c = responses::chunk(&meta, ChunkKind::Text { text: &t.text, lp: Some(&t), offset }, tok);
                     offset += t.text.len();
                     vec![c]
                 }
-                Some(Event::Flush(t)) if calls.is_some() => {
-                    let pieces = calls.as_mut().map(|c| c.push(&t)).unwrap_or_default();
-                    tool_frames(&meta, tok, pieces, None)
+                Some(Event::Flush(t)) if answer.is_some() => {
+                    let pieces = answer.as_mut().map(|a| a.push(&t)).unwrap_or_default();
+                    piece_frames(&meta, tok, pieces, None)
                 }
                 Some(Event::Flush(t)) => {
                     vec![responses::chunk(&meta, ChunkKind::Text { text: &t, lp: None, offset }, tok)]
@@ -311,11 +332,11 @@ fn stream_response(
                     return;
                 }
                 Some(Event::Done(o)) => {
-                    let mut frames = match calls.as_mut() {
-                        Some(c) => tool_frames(&meta, tok, c.finish(), None),
+                    let mut frames = match answer.as_mut() {
+                        Some(a) => piece_frames(&meta, tok, a.finish(), None),
                         None => Vec::new(),
                     };
-                    let made_calls = calls.as_ref().is_some_and(|c| c.calls() > 0);
+                    let made_calls = answer.as_ref().is_some_and(|a| a.calls() > 0);
                     frames.push(responses::chunk(&meta, ChunkKind::Finish(responses::finish_str(&o, made_calls)), tok));
                     if include_usage {
                         frames.push(responses::chunk(&meta, ChunkKind::Usage(responses::usage(&o)), tok));
@@ -358,79 +379,30 @@ fn stream_response(
     r
 }
 
-/// The chunks of parsed tool-stream pieces; a token's logprobs ride on its content.
-fn tool_frames(
+/// The chunks of an answer's pieces; a token's logprobs ride on its first text chunk
+/// (or on an empty one, when the token released no text yet).
+fn piece_frames(
     meta: &Meta,
     tok: &crate::tokenizer::Tokenizer,
-    pieces: Vec<Piece>,
+    pieces: Vec<AnswerPiece>,
     lp: Option<&TokenOut>,
-) -> Vec<bytes::Bytes> {
-    let mut lp = lp;
-    pieces
+) -> Vec<Bytes> {
+    let mut lp = lp.filter(|t| t.logprob.is_some());
+    let mut frames: Vec<Bytes> = pieces
         .iter()
         .map(|p| match p {
-            Piece::Content(text) => responses::chunk(meta, ChunkKind::Text { text, lp: lp.take(), offset: 0 }, tok),
-            Piece::CallStart { index, name } => {
+            AnswerPiece::Text(text) => responses::chunk(meta, ChunkKind::Text { text, lp: lp.take(), offset: 0 }, tok),
+            AnswerPiece::Reasoning(text) => responses::chunk(meta, ChunkKind::Reasoning(text), tok),
+            AnswerPiece::CallStart { index, name } => {
                 responses::chunk(meta, ChunkKind::Call(responses::call_start(*index, name)), tok)
             }
-            Piece::CallArgs { index, fragment } => {
+            AnswerPiece::CallArgs { index, fragment } => {
                 responses::chunk(meta, ChunkKind::Call(responses::call_args(*index, fragment)), tok)
             }
         })
-        .collect()
-}
-
-/// `POST /admin/drain[?timeout_ms=N]`: stop admitting, wait for queued and running
-/// requests up to the deadline, cut what remains.
-async fn drain(app: &App, req: &Request<Incoming>) -> Response<Body> {
-    let timeout = req
-        .uri()
-        .query()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("timeout_ms=")))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(app.default_drain, Duration::from_millis);
-    let cancelled = drain_now(app, timeout).await;
-    let demotions = demote_all(app).await;
-    json_response(serde_json::to_string(&DrainResponse { drained: true, demotions, cancelled }).unwrap_or_default())
-}
-
-/// Move every prompt-cache entry to the SSD tier (after a drain); returns how many are
-/// now on disk.
-pub async fn demote_all(app: &App) -> usize {
-    let cache = app.cache.clone();
-    let report = tokio::task::spawn_blocking(move || cache.flush(true)).await;
-    report.map_or(0, |r| {
-        tracing::info!(written = r.written, durable = r.durable, failed = r.failed, "prompt cache demoted");
-        r.durable
-    })
-}
-
-/// `POST /admin/cache/flush`: make every RAM entry durable on disk; entries stay in RAM.
-async fn flush(app: &App) -> Response<Body> {
-    let cache = app.cache.clone();
-    match tokio::task::spawn_blocking(move || cache.flush(false)).await {
-        Ok(r) => json_response(serde_json::to_string(&r).unwrap_or_default()),
-        Err(e) => error_response(&ApiError::new(ErrorKind::Internal, format!("flush failed: {e}"))),
+        .collect();
+    if let Some(t) = lp {
+        frames.push(responses::chunk(meta, ChunkKind::Text { text: "", lp: Some(t), offset: 0 }, tok));
     }
-}
-
-/// Stop admitting work and wait (up to `timeout`) for the queue and the running request;
-/// returns how many had to be cut.
-pub async fn drain_now(app: &App, timeout: Duration) -> usize {
-    app.stats.draining.store(true, Ordering::Relaxed);
-    let busy = |s: &Stats| s.queue_depth.load(Ordering::Relaxed) + s.in_flight.load(Ordering::Relaxed);
-    let deadline = Instant::now() + timeout;
-    while busy(&app.stats) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let left = busy(&app.stats);
-    if left > 0 {
-        tracing::warn!(left, "drain deadline: cancelling remaining requests");
-        app.worker.cancel_all.store(true, Ordering::Relaxed);
-        let cut_deadline = Instant::now() + Duration::from_secs(5);
-        while busy(&app.stats) > 0 && Instant::now() < cut_deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-    left
+    frames
 }

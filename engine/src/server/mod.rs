@@ -2,14 +2,17 @@
 //!
 //! The gateway only forwards bytes here, so this is the complete OpenAI-compatible
 //! surface for its model (see `docs/api.md`), plus unix-socket-only admin routes. One
-//! task per connection on a small tokio runtime; generation on its own thread
-//! (`worker`). Lifecycle: SIGTERM/SIGINT drain (finish in-flight work up to a
-//! deadline) and exit 0; stdin EOF (the parent is gone) cuts work and exits at once;
-//! a second signal exits at once.
+//! task per connection on a small tokio runtime (the accept loop is `corral-net`'s,
+//! shared with the gateway); request parsing and tokenization on the blocking pool;
+//! generation on its own thread (`worker`). Lifecycle: SIGTERM/SIGINT drain (finish
+//! in-flight work up to a deadline, demote the prompt cache) and exit 0; stdin EOF (the
+//! parent is gone) cuts work and exits at once; a second signal exits at once.
 
+mod admin;
 mod answer;
 mod body;
 mod conversation;
+mod errors;
 mod http;
 mod requests;
 mod responses;
@@ -18,17 +21,19 @@ mod stats;
 mod structured;
 mod worker;
 
-use std::convert::Infallible;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use corral_protocol::engine_wire::ReadyEvent;
+use corral_net::accept::{self, Server};
+use corral_net::gauge::Gauge;
+use corral_net::signals::{self, Stop};
+use corral_net::{CancellationToken, TaskTracker};
+use corral_protocol::engine_wire::{EngineEvent, Ready};
 use corral_protocol::http_limits;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 
 pub use requests::{ModelSamplingDefaults, ServerDefaults};
 
@@ -59,10 +64,8 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-enum Stop {
-    Signal,
-    ParentGone,
-}
+/// How long open connections get to flush their last bytes at exit.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Serve `engine` until told to stop. Returns after the socket file is removed.
 pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeError> {
@@ -85,6 +88,8 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
         max_body_bytes: cfg.max_body_bytes,
         created: responses::unix_now(),
         default_drain: cfg.drain_timeout,
+        draining: AtomicBool::new(false),
+        work: Gauge::new(),
     });
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let result = rt.block_on(serve(app, listener, &cfg, load_ms));
@@ -104,88 +109,61 @@ async fn serve(
     load_ms: u64,
 ) -> Result<(), ServeError> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
-    let (stop_tx, mut stop_rx) = mpsc::unbounded_channel();
-    watch_signals(stop_tx.clone())?;
-    watch_stdin(stop_tx);
-    let ready = ReadyEvent {
-        event: "ready".into(),
+    let mut stops = signals::watch()?;
+    let mut parent_gone = watch_stdin();
+    let ready = EngineEvent::Ready(Ready {
         pid: std::process::id(),
         socket: cfg.socket.display().to_string(),
         model: cfg.model_id.clone(),
         load_ms,
-    };
+    });
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", serde_json::to_string(&ready).unwrap_or_default())?;
+        writeln!(out, "{}", ready.to_line())?;
         out.flush()?;
     }
     tracing::info!(socket = %cfg.socket.display(), model = %cfg.model_id, load_ms, "engine ready");
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let app = app.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(move |req| {
-                            let app = app.clone();
-                            async move { Ok::<_, Infallible>(http::handle(app, req).await) }
-                        });
-                        let conn = hyper::server::conn::http1::Builder::new()
-                            .timer(TokioTimer::new())
-                            .header_read_timeout(http_limits::HEADER_READ_TIMEOUT)
-                            .max_headers(http_limits::MAX_HEADERS)
-                            .max_buf_size(http_limits::MAX_HEAD_BYTES)
-                            .serve_connection(TokioIo::new(stream), svc);
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            stop = stop_rx.recv() => {
-                match stop {
-                    Some(Stop::Signal) | None => {
-                        tracing::info!("signal: draining, then exiting");
-                        tokio::select! {
-                            left = http::drain_now(&app, cfg.shutdown_timeout) => {
-                                let demoted = http::demote_all(&app).await;
-                                tracing::info!(cancelled = left, demoted, "drained");
-                            }
-                            _ = stop_rx.recv() => tracing::warn!("second stop request: exiting now"),
-                        }
+    let server = Server {
+        max_connections: http_limits::MAX_CONNECTIONS,
+        stop: CancellationToken::new(),
+        tasks: TaskTracker::new(),
+    };
+    let handler_app = app.clone();
+    server.tasks.spawn(accept::serve(listener, server.clone(), move |req| http::handle(handler_app.clone(), req)));
+    tokio::select! {
+        stop = stops.recv() => match stop {
+            Some(Stop::Graceful) | None => {
+                tracing::info!("signal: draining, then exiting");
+                tokio::select! {
+                    left = admin::drain_now(&app, cfg.shutdown_timeout) => {
+                        let demoted = admin::demote_all(&app).await;
+                        tracing::info!(cancelled = left, demoted, "drained");
                     }
-                    Some(Stop::ParentGone) => {
-                        tracing::info!("stdin closed (parent gone): exiting");
-                        app.stats.draining.store(true, Ordering::Relaxed);
-                        app.worker.cancel_all.store(true, Ordering::Relaxed);
-                    }
+                    _ = stops.recv() => tracing::warn!("second stop request: exiting now"),
+                    _ = &mut parent_gone => tracing::warn!("stdin closed during the drain: exiting now"),
                 }
-                return Ok(());
             }
+            Some(Stop::Fast) => tracing::warn!("fast stop: exiting now"),
+        },
+        _ = &mut parent_gone => {
+            tracing::info!("stdin closed (parent gone): exiting");
+            app.draining.store(true, Ordering::SeqCst);
+            app.worker.cancel_all.store(true, Ordering::Relaxed);
         }
     }
-}
-
-fn watch_signals(tx: mpsc::UnboundedSender<Stop>) -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-    std::thread::Builder::new().name("signals".into()).spawn(move || {
-        for _ in signals.forever() {
-            if tx.send(Stop::Signal).is_err() {
-                break;
-            }
-        }
-    })?;
+    // Let responses in progress reach their clients, then close.
+    server.stop.cancel();
+    server.tasks.close();
+    if tokio::time::timeout(CLOSE_GRACE, server.tasks.wait()).await.is_err() {
+        tracing::debug!("connections still open at exit");
+    }
     Ok(())
 }
 
 /// The parent holds our stdin open; EOF means it is gone (works where no parent-death
 /// signal exists, e.g. macOS).
-fn watch_stdin(tx: mpsc::UnboundedSender<Stop>) {
+fn watch_stdin() -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
     let _ = std::thread::Builder::new().name("stdin".into()).spawn(move || {
         let mut buf = [0u8; 256];
         let mut stdin = std::io::stdin().lock();
@@ -195,6 +173,7 @@ fn watch_stdin(tx: mpsc::UnboundedSender<Stop>) {
                 Ok(_) => continue,
             }
         }
-        let _ = tx.send(Stop::ParentGone);
+        let _ = tx.send(());
     });
+    rx
 }

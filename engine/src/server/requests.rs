@@ -12,13 +12,14 @@ use corral_protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, 
 use corral_protocol::{ApiError, ErrorKind};
 use llguidance::api::TopLevelGrammar;
 
+use super::answer::{Reading, ToolOutput};
 use super::conversation;
 use super::structured;
 use crate::Engine;
 use crate::generate::GenerateParams;
 use crate::grammar::{Constraint, Grammar};
+use crate::reasoning;
 use crate::sampler::SamplingParams;
-use crate::tools::format::ToolFormat;
 use crate::tools::grammar::tool_grammar;
 use crate::tools::prompt::fallback_system;
 
@@ -84,18 +85,10 @@ pub struct Validated {
     pub include_usage: bool,
     /// Why a requested constraint is not enforced (each becomes a `Warning` header).
     pub warnings: Vec<String>,
-    /// Tool calls are to be read out of the output.
-    pub tools: Option<ToolOutput>,
+    /// How to read the answer back (reasoning, tool calls).
+    pub reading: Reading,
     /// The rendered chat prompt (`/apply-template`).
     pub rendered: Option<String>,
-}
-
-/// How to read tool calls back out of the output.
-#[derive(Clone, Debug)]
-pub struct ToolOutput {
-    pub format: ToolFormat,
-    /// The calls were decoded under the grammar (exact layout).
-    pub enforced: bool,
 }
 
 fn range_f(param: &str, v: Option<f64>, ok: impl Fn(f64) -> bool, what: &str) -> Result<Option<f32>, ApiError> {
@@ -220,7 +213,15 @@ fn finish(
     };
     let stream = f.stream.unwrap_or(false);
     let include_usage = f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-    Ok(Validated { prompt, params, stream, include_usage, warnings: Vec::new(), tools: None, rendered: None })
+    Ok(Validated {
+        prompt,
+        params,
+        stream,
+        include_usage,
+        warnings: Vec::new(),
+        reading: Reading::default(),
+        rendered: None,
+    })
 }
 
 /// Compile `grammar`, or say why it is not enforced.
@@ -235,7 +236,7 @@ fn compile(engine: &Engine, d: &EffectiveDefaults, grammar: TopLevelGrammar, jso
 }
 
 fn tokenize(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
-    engine.tokenizer.encode(text, true).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))
+    engine.tokenizer.encode(text, true).map_err(|e| ApiError::from(&e))
 }
 
 pub fn chat(
@@ -290,10 +291,7 @@ pub fn chat(
         )
     });
     let msgs = conversation::template_messages(&turns, fmt, &system);
-    let text = engine.render_chat(&msgs, tools_json.as_ref()).map_err(|e| match e {
-        crate::Error::Template(m) => ApiError::invalid("messages", format!("chat template: {m}")),
-        other => ApiError::new(ErrorKind::Internal, other.to_string()),
-    })?;
+    let text = engine.render_chat(&msgs, tools_json.as_ref()).map_err(|e| ApiError::from(&e))?;
     let prompt = tokenize(engine, &text)?;
     let mut v = finish(Common { prompt, logprobs, default_max: ctx }, &req.sampling, d, engine, ctx)?;
     match compiled {
@@ -301,7 +299,14 @@ pub fn chat(
         Some(Err(reason)) => v.warnings.push(reason),
         None => {}
     }
-    v.tools = tools.map(|_| ToolOutput { format: fmt.clone(), enforced });
+    v.reading = Reading {
+        tools: tools.map(|_| ToolOutput { format: fmt.clone(), enforced }),
+        think: engine
+            .template
+            .as_ref()
+            .is_some_and(|t| t.text().contains(reasoning::OPEN))
+            .then(|| reasoning::prompt_opens(&text)),
+    };
     v.rendered = Some(text);
     Ok(v)
 }

@@ -12,10 +12,9 @@ use corral_protocol::openai::{
 };
 use serde::Serialize;
 
-use super::requests::ToolOutput;
+use super::answer::Answer;
 use crate::generate::{FinishReason, Outcome, TokenOut};
 use crate::tokenizer::Tokenizer;
-use crate::tools::stream;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -130,22 +129,20 @@ pub fn completion_logprobs(tok: &Tokenizer, toks: &[TokenOut], offset0: usize) -
     Some(out)
 }
 
-/// The whole non-streaming response.
+/// The whole non-streaming response: for chat, the answer read back (reasoning, text,
+/// tool calls); for completions, the text as generated.
 pub fn final_body(
     meta: &Meta,
     text: String,
+    answer: Answer,
     o: &Outcome,
     lp_tokens: &[TokenOut],
     tok: &Tokenizer,
-    tools: Option<&ToolOutput>,
 ) -> String {
     match meta.route {
         Route::Chat => {
-            let (content, calls) = match tools {
-                Some(t) => stream::parse(&t.format, t.enforced, &text),
-                None => (Some(text), Vec::new()),
-            };
-            let tool_calls: Vec<ToolCall> = calls
+            let tool_calls: Vec<ToolCall> = answer
+                .calls
                 .into_iter()
                 .map(|c| ToolCall {
                     id: call_id(),
@@ -163,7 +160,8 @@ pub fn final_body(
                     index: 0,
                     message: AssistantMessage {
                         role: "assistant".into(),
-                        content: if made_calls { content } else { Some(content.unwrap_or_default()) },
+                        content: if made_calls { answer.text } else { Some(answer.text.unwrap_or_default()) },
+                        reasoning_content: answer.reasoning,
                         tool_calls: made_calls.then_some(tool_calls),
                     },
                     finish_reason: finish_str(o, made_calls),
@@ -193,6 +191,7 @@ pub fn final_body(
 pub enum ChunkKind<'a> {
     Role,
     Text { text: &'a str, lp: Option<&'a TokenOut>, offset: usize },
+    Reasoning(&'a str),
     Call(ToolCallDelta),
     Finish(String),
     Usage(Usage),
@@ -205,7 +204,11 @@ pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
                 ChunkKind::Role => (
                     vec![ChunkChoice {
                         index: 0,
-                        delta: Delta { role: Some("assistant".into()), content: Some(String::new()), tool_calls: None },
+                        delta: Delta {
+                            role: Some("assistant".into()),
+                            content: Some(String::new()),
+                            ..Delta::default()
+                        },
                         finish_reason: None,
                         logprobs: None,
                     }],
@@ -214,16 +217,25 @@ pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
                 ChunkKind::Text { text, lp, .. } => (
                     vec![ChunkChoice {
                         index: 0,
-                        delta: Delta { role: None, content: Some(text.to_owned()), tool_calls: None },
+                        delta: Delta { content: Some(text.to_owned()), ..Delta::default() },
                         finish_reason: None,
                         logprobs: lp.and_then(|t| chat_logprobs(tok, std::slice::from_ref(t))),
+                    }],
+                    None,
+                ),
+                ChunkKind::Reasoning(text) => (
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta: Delta { reasoning_content: Some(text.to_owned()), ..Delta::default() },
+                        finish_reason: None,
+                        logprobs: None,
                     }],
                     None,
                 ),
                 ChunkKind::Call(d) => (
                     vec![ChunkChoice {
                         index: 0,
-                        delta: Delta { role: None, content: None, tool_calls: Some(vec![d]) },
+                        delta: Delta { tool_calls: Some(vec![d]), ..Delta::default() },
                         finish_reason: None,
                         logprobs: None,
                     }],
@@ -246,7 +258,7 @@ pub fn chunk(meta: &Meta, kind: ChunkKind<'_>, tok: &Tokenizer) -> Bytes {
         }
         Route::Completion => {
             let (choices, usage) = match kind {
-                ChunkKind::Role | ChunkKind::Call(_) => (vec![], None),
+                ChunkKind::Role | ChunkKind::Call(_) | ChunkKind::Reasoning(_) => (vec![], None),
                 ChunkKind::Text { text, lp, offset } => (
                     vec![CompletionChoice {
                         index: 0,
@@ -285,7 +297,7 @@ pub fn sse_done() -> Bytes {
 
 /// The terminal event of a stream that failed after it started.
 pub fn sse_error(e: &ApiError) -> Bytes {
-    sse(&e.to_json())
+    Bytes::from(e.sse_event(corral_protocol::ApiShape::OpenAi))
 }
 
 fn json<T: Serialize>(v: &T) -> String {

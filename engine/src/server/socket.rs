@@ -4,8 +4,10 @@
 //! answers; a live one means another engine owns the path.
 
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+
+use corral_net::dirs::{self, Access, SocketState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
@@ -21,32 +23,9 @@ pub enum SocketError {
     Io { path: PathBuf, source: io::Error },
 }
 
-/// Make sure `dir` exists, is ours, is not a symlink and is mode 0700.
+/// Make sure `dir` exists, is ours, is not a symlink and is closed to others.
 pub fn check_dir(dir: &Path) -> Result<(), SocketError> {
-    let bad = |reason: String| SocketError::BadDir { dir: dir.to_owned(), reason };
-    match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| bad(e.to_string()))?;
-        }
-        Err(e) => return Err(bad(e.to_string())),
-        Ok(_) => {}
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| bad(e.to_string()))?;
-    if meta.file_type().is_symlink() {
-        return Err(bad("is a symlink".into()));
-    }
-    if !meta.is_dir() {
-        return Err(bad("is not a directory".into()));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me {
-        return Err(bad(format!("is owned by uid {}, not {me}", meta.uid())));
-    }
-    let mode = meta.mode() & 0o777;
-    if mode != 0o700 {
-        return Err(bad(format!("has mode {mode:o}; it must be 700")));
-    }
-    Ok(())
+    dirs::ensure_dir(dir, Access::Private).map_err(|e| SocketError::BadDir { dir: e.dir, reason: e.reason })
 }
 
 /// Bind `path` (after the directory checks), mode 0600.
@@ -64,20 +43,14 @@ pub fn bind(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError
 }
 
 fn clear_stale(path: &Path) -> Result<(), SocketError> {
-    use std::os::unix::fs::FileTypeExt;
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(SocketError::Io { path: path.to_owned(), source }),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(SocketError::NotSocket { path: path.to_owned() });
-    }
-    match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(SocketError::InUse(path.to_owned())),
-        Err(_) => {
+    let io = |source| SocketError::Io { path: path.to_owned(), source };
+    match dirs::probe_socket(path).map_err(io)? {
+        SocketState::Absent => Ok(()),
+        SocketState::Live => Err(SocketError::InUse(path.to_owned())),
+        SocketState::NotSocket => Err(SocketError::NotSocket { path: path.to_owned() }),
+        SocketState::Stale => {
             tracing::info!(socket = %path.display(), "removing stale socket");
-            std::fs::remove_file(path).map_err(|source| SocketError::Io { path: path.to_owned(), source })
+            std::fs::remove_file(path).map_err(io)
         }
     }
 }
@@ -85,6 +58,7 @@ fn clear_stale(path: &Path) -> Result<(), SocketError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     fn tmp(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("corral-sock-{tag}-{}", std::process::id()));

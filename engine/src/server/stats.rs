@@ -1,9 +1,10 @@
 //! Engine counters for `GET /admin/stats`. Hot counters are atomics (the generation
 //! thread bumps them per token, so a client can watch a cancelled request stop); the
-//! per-request timings sit behind a mutex touched once per request.
+//! per-request timings sit behind a mutex touched once per request. Counters only:
+//! admission and drain use `App::draining` and `App::work`, never these.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use corral_protocol::engine_wire::{Averages, EngineStats, Memory, RequestTiming};
@@ -22,7 +23,6 @@ pub struct Stats {
     pub generated_tokens_total: AtomicU64,
     pub queue_depth: AtomicUsize,
     pub in_flight: AtomicUsize,
-    pub draining: AtomicBool,
     timings: Mutex<(Option<RequestTiming>, Averages)>,
 }
 
@@ -37,7 +37,6 @@ impl Stats {
             generated_tokens_total: AtomicU64::new(0),
             queue_depth: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
-            draining: AtomicBool::new(false),
             timings: Mutex::new((None, Averages::default())),
         }
     }
@@ -62,20 +61,15 @@ impl Stats {
         g.0 = Some(t);
     }
 
-    pub fn snapshot(
-        &self,
-        model: &str,
-        max_queue: usize,
-        model_file_bytes: u64,
-        cache: &crate::cache::PromptCache,
-    ) -> EngineStats {
-        let mut c = cache.stats();
+    pub fn snapshot(&self, model: &str, view: Shown, cache: &crate::cache::PromptCache) -> EngineStats {
+        let Shown { max_queue, model_file_bytes, draining } = view;
+        let (prompt_cache, ssd_cache) = cache.stats();
         let g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
         EngineStats {
             model: model.to_owned(),
             pid: std::process::id(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            draining: self.draining.load(Ordering::Relaxed),
+            draining,
             requests_total: self.requests_total.load(Ordering::Relaxed),
             requests_failed: self.requests_failed.load(Ordering::Relaxed),
             requests_cancelled: self.requests_cancelled.load(Ordering::Relaxed),
@@ -87,10 +81,17 @@ impl Stats {
             last: g.0.clone(),
             avg: g.1.clone(),
             memory: Memory { rss_bytes: rss_bytes(), model_file_bytes },
-            prompt_cache: c["prompt_cache"].take(),
-            ssd_cache: c["ssd_cache"].take(),
+            prompt_cache,
+            ssd_cache,
         }
     }
+}
+
+/// What the snapshot shows besides the counters.
+pub struct Shown {
+    pub max_queue: usize,
+    pub model_file_bytes: u64,
+    pub draining: bool,
 }
 
 impl Default for Stats {

@@ -148,7 +148,7 @@ fn run_one(engine: &Engine, pc: &PromptCache, ctx: usize, job: Job, stats: &Stat
         Err(e) => {
             stats.requests_failed.fetch_add(1, Ordering::Relaxed);
             tracing::error!(error = %e, "generation failed");
-            let _ = job.events.blocking_send(Event::Failed(ApiError::new(ErrorKind::Internal, e.to_string())));
+            let _ = job.events.blocking_send(Event::Failed(ApiError::from(&e)));
         }
     }
 }

@@ -8,6 +8,7 @@
 //! at UTF-8 boundaries (see `crate::detok`).
 
 mod gpt2;
+mod merges_cache;
 mod spm;
 
 use std::collections::HashSet;
@@ -72,6 +73,12 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        Self::from_gguf_cached(g, None)
+    }
+
+    /// Like `from_gguf`, keeping what is slow to derive from the vocabulary (a
+    /// SentencePiece vocabulary's ranked merges) in `cache_dir` for the next start.
+    pub fn from_gguf_cached(g: &Gguf, cache_dir: Option<&std::path::Path>) -> Result<Self> {
         let model = g.str("tokenizer.ggml.model")?;
         let texts: Vec<String> = g.str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
         let kinds: Vec<TokenKind> = match g.i32_array("tokenizer.ggml.token_type") {
@@ -80,7 +87,7 @@ impl Tokenizer {
         };
         let (inner, pieces) = match model {
             "gpt2" => gpt2::build(g, &texts, &kinds)?,
-            "llama" => spm::build(g, &texts, &kinds)?,
+            "llama" => spm::build(g, &texts, &kinds, cache_dir)?,
             other => {
                 return Err(Error::Tokenizer(format!(
                     "unsupported tokenizer model {other:?} (supported: gpt2, llama)"

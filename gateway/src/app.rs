@@ -1,0 +1,60 @@
+//! The gateway's shared state: its configuration, the pool, its counters, and the two
+//! controls shutdown uses — the stop token (no new work is admitted once it is
+//! cancelled) and the in-flight gauge (every proxied request, from admission until its
+//! last byte is out, so shutdown waits for exactly the work that exists).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use corral_net::CancellationToken;
+use corral_net::gauge::Gauge;
+use corral_pool::Pool;
+
+use crate::stats::GatewayStats;
+
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    pub addr: SocketAddr,
+    pub max_body_bytes: usize,
+    /// No response head from an engine within this: 504 and the engine is recycled.
+    pub engine_timeout: Duration,
+    /// No body bytes from an engine for this long mid-response: the response is cut.
+    pub stall_timeout: Duration,
+    /// How long shutdown lets in-flight requests finish.
+    pub drain_timeout: Duration,
+    /// Per-engine timeout when `/stats` asks each engine for its counters.
+    pub stats_timeout: Duration,
+    /// Start these models' engines at startup.
+    pub preload: Vec<String>,
+}
+
+pub struct App {
+    pub cfg: GatewayConfig,
+    pub pool: Pool,
+    pub stats: GatewayStats,
+    /// Cancelled when shutdown begins.
+    pub stop: CancellationToken,
+    /// Proxied requests in progress.
+    pub in_flight: Arc<Gauge>,
+    next_request: AtomicU64,
+}
+
+impl App {
+    pub fn new(cfg: GatewayConfig, pool: Pool) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            pool,
+            stats: GatewayStats::new(),
+            stop: CancellationToken::new(),
+            in_flight: Gauge::new(),
+            next_request: AtomicU64::new(1),
+        })
+    }
+
+    /// A short id for log lines of one request.
+    pub fn request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+}

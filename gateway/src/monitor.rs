@@ -1,0 +1,59 @@
+//! `GET /stats`: the gateway's counters plus each ready engine's own (`/admin/stats` on
+//! its socket, typed by `protocol::engine_wire::EngineStats`). Engines are asked at once
+//! and a slow or dead one is shown as stale after `stats_timeout` instead of holding the
+//! answer up.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use corral_pool::unix_http;
+use corral_protocol::engine_wire::EngineStats;
+use http::Response;
+use serde::Serialize;
+
+use crate::app::App;
+use crate::body::Body;
+use crate::respond;
+use crate::stats::GatewayView;
+
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum EngineEntry {
+    Live(Box<EngineStats>),
+    Stale { stale: bool, error: String },
+}
+
+#[derive(Serialize)]
+pub struct StatsView {
+    pub gateway: GatewayView,
+    pub engines: BTreeMap<String, EngineEntry>,
+}
+
+async fn engine_stats(socket: std::path::PathBuf, timeout: std::time::Duration) -> EngineEntry {
+    let stale = |error: String| EngineEntry::Stale { stale: true, error };
+    match unix_http::call(&socket, "GET", "/admin/stats", Bytes::new(), timeout).await {
+        Ok((200, body)) => match serde_json::from_slice::<EngineStats>(&body) {
+            Ok(s) => EngineEntry::Live(Box::new(s)),
+            Err(e) => stale(format!("unreadable stats: {e}")),
+        },
+        Ok((status, _)) => stale(format!("status {status}")),
+        Err(e) => stale(e.to_string()),
+    }
+}
+
+pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
+    let gateway = app.stats.view(app.pool.counters(), app.in_flight.get());
+    let timeout = app.cfg.stats_timeout;
+    let mut set = tokio::task::JoinSet::new();
+    for (model, socket) in app.pool.ready_sockets() {
+        set.spawn(async move { (model, engine_stats(socket, timeout).await) });
+    }
+    let mut engines = BTreeMap::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok((m, e)) = r {
+            engines.insert(m, e);
+        }
+    }
+    respond::json(serde_json::to_string(&StatsView { gateway, engines }).unwrap_or_default())
+}

@@ -1,0 +1,141 @@
+//! What can go wrong while proxying, as data (the pingora model): each kind says on which
+//! side it happened, whether the request may be retried, whether the engine is to blame
+//! (and is recycled: killed, respawned on demand), and what the client sees. The proxy
+//! and the pass-through body follow this table mechanically.
+//!
+//! | kind | side | retried | engine recycled | client sees |
+//! |---|---|---|---|---|
+//! | `Connect` | upstream | once (nothing reached the engine) | no (a dead engine is seen by the pool) | 502 `engine_unavailable` |
+//! | `Build` | internal | no | **no** (the engine never saw it) | 500 `internal_error` |
+//! | `Send` | upstream | no (it may have reached the engine) | no | 502 `engine_unavailable` |
+//! | `BadHead` | upstream | no | yes (it answered garbage) | 502 `engine_unavailable` |
+//! | `HeadTimeout` | upstream | no | yes (it is hung) | 504 `engine_timeout` |
+//! | `Body` | upstream | no | no | terminal SSE error event / cut body |
+//! | `Stall` | upstream | no | yes (it is hung) | terminal SSE error event / cut body |
+//! | `ClientGone` | downstream | no | no | nothing (the client left) |
+
+use corral_protocol::{ApiError, ErrorKind};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Upstream,
+    Downstream,
+    Internal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The engine's socket refused or is missing.
+    Connect,
+    /// The gateway could not form the request to the engine.
+    Build,
+    /// The exchange broke before a response head (the engine may have died).
+    Send,
+    /// The engine answered something that is not HTTP.
+    BadHead,
+    /// No response head within `--engine-timeout`.
+    HeadTimeout,
+    /// The response broke after its head.
+    Body,
+    /// No body bytes for `--stall-timeout` after the head.
+    Stall,
+    /// The client went away.
+    ClientGone,
+}
+
+impl Kind {
+    pub fn side(self) -> Side {
+        match self {
+            Kind::Build => Side::Internal,
+            Kind::ClientGone => Side::Downstream,
+            _ => Side::Upstream,
+        }
+    }
+
+    /// Whether the request may go to an engine again: only if nothing reached one.
+    pub fn retry(self) -> bool {
+        self == Kind::Connect
+    }
+
+    /// Whether the engine is to blame and must be replaced.
+    pub fn recycles_engine(self) -> bool {
+        matches!(self, Kind::BadHead | Kind::HeadTimeout | Kind::Stall)
+    }
+
+    /// The error the client gets (`None`: there is no client to tell).
+    fn api_kind(self) -> Option<ErrorKind> {
+        match self {
+            Kind::Connect | Kind::Send | Kind::BadHead | Kind::Body => Some(ErrorKind::EngineUnavailable),
+            Kind::HeadTimeout | Kind::Stall => Some(ErrorKind::EngineTimeout),
+            Kind::Build => Some(ErrorKind::Internal),
+            Kind::ClientGone => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?}: {detail}")]
+pub struct ProxyError {
+    pub kind: Kind,
+    pub detail: String,
+}
+
+impl ProxyError {
+    pub fn new(kind: Kind, detail: impl std::fmt::Display) -> Self {
+        Self { kind, detail: detail.to_string() }
+    }
+
+    pub fn to_api(&self) -> Option<ApiError> {
+        let what = match self.kind {
+            Kind::Connect => "the engine is unreachable",
+            Kind::Build => "the gateway could not forward the request",
+            Kind::Send => "the engine failed before answering",
+            Kind::BadHead => "the engine sent a malformed response",
+            Kind::HeadTimeout => "the engine did not answer in time",
+            Kind::Body => "the engine failed mid-response",
+            Kind::Stall => "the engine stalled mid-response",
+            Kind::ClientGone => return None,
+        };
+        Some(ApiError::new(self.kind.api_kind()?, format!("{what}: {}", self.detail)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table in the module comment, row by row.
+    #[test]
+    fn the_table() {
+        let row =
+            |k: Kind| (k.side(), k.retry(), k.recycles_engine(), k.api_kind().map(|e| ApiError::new(e, "").status()));
+        assert_eq!(row(Kind::Connect), (Side::Upstream, true, false, Some(502)));
+        assert_eq!(row(Kind::Build), (Side::Internal, false, false, Some(500)));
+        assert_eq!(row(Kind::Send), (Side::Upstream, false, false, Some(502)));
+        assert_eq!(row(Kind::BadHead), (Side::Upstream, false, true, Some(502)));
+        assert_eq!(row(Kind::HeadTimeout), (Side::Upstream, false, true, Some(504)));
+        assert_eq!(row(Kind::Body), (Side::Upstream, false, false, Some(502)));
+        assert_eq!(row(Kind::Stall), (Side::Upstream, false, true, Some(504)));
+        assert_eq!(row(Kind::ClientGone), (Side::Downstream, false, false, None));
+    }
+
+    #[test]
+    fn only_upstream_faults_blame_the_engine() {
+        for k in [
+            Kind::Connect,
+            Kind::Build,
+            Kind::Send,
+            Kind::BadHead,
+            Kind::HeadTimeout,
+            Kind::Body,
+            Kind::Stall,
+            Kind::ClientGone,
+        ] {
+            if k.recycles_engine() {
+                assert_eq!(k.side(), Side::Upstream, "{k:?}");
+            }
+        }
+        assert_eq!(ProxyError::new(Kind::ClientGone, "x").to_api(), None);
+        assert!(ProxyError::new(Kind::Build, "bad header").to_api().unwrap().message.contains("bad header"));
+    }
+}

@@ -1,0 +1,367 @@
+//! The driver's timing rules under paused tokio time, over a scripted `Procs`: engines
+//! that load for a while, exit at start, ignore SIGTERM or hang in their drain. Every
+//! assertion on time is exact (the clock only moves when everything waits), so these
+//! check the deadlines themselves: keep-alive, the stop path's SIGKILL, backoff, the
+//! crash-loop cooldown, the load timeout, and that shutdown stops engines concurrently.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_protocol::ModelId;
+use corral_protocol::launch::{EngineLaunch, EngineOptions};
+use corral_protocol::openai::ModelCard;
+use nix::sys::signal::Signal;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use super::*;
+use crate::child::ExitInfo;
+use crate::procs::{BoxFuture, Procs, Started};
+use crate::registry::ModelEntry;
+use crate::stop::DRAIN_SLACK;
+
+#[derive(Clone, Default)]
+struct Behave {
+    load: Duration,
+    exit_at_start: Option<i32>,
+    ignore_term: bool,
+    drain: Duration,
+    hang_drain: bool,
+}
+
+struct Live {
+    model: String,
+    socket: PathBuf,
+    exit: watch::Sender<Option<ExitInfo>>,
+    ignore_term: bool,
+}
+
+/// A scripted process table. `log` records what the pool did and when.
+struct Fake {
+    t0: Instant,
+    behave: Mutex<HashMap<String, Behave>>,
+    next_pid: AtomicU32,
+    live: Mutex<HashMap<u32, Live>>,
+    log: Mutex<Vec<(Duration, String)>>,
+}
+
+impl Fake {
+    fn new(behave: &[(&str, Behave)]) -> Arc<Self> {
+        Arc::new(Self {
+            t0: Instant::now(),
+            behave: Mutex::new(behave.iter().map(|(k, b)| (k.to_string(), b.clone())).collect()),
+            next_pid: AtomicU32::new(100),
+            live: Mutex::new(HashMap::new()),
+            log: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn note(&self, what: String) {
+        self.log.lock().unwrap().push((self.t0.elapsed(), what));
+    }
+
+    /// When `what` happened (the first time).
+    fn at(&self, what: &str) -> Option<Duration> {
+        self.log.lock().unwrap().iter().find(|(_, w)| w == what).map(|(t, _)| *t)
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.log.lock().unwrap().iter().filter(|(_, w)| w.starts_with(prefix)).count()
+    }
+
+    fn exit(&self, pid: u32, code: Option<i32>, signal: Option<i32>) {
+        if let Some(l) = self.live.lock().unwrap().remove(&pid) {
+            self.note(format!("exit {} {pid}", l.model));
+            let _ = l.exit.send(Some(ExitInfo { code, signal, at: 0, stderr_tail: vec!["bye".into()] }));
+        }
+    }
+}
+
+impl Procs for Fake {
+    fn start(&self, launch: EngineLaunch) -> BoxFuture<std::io::Result<Started>> {
+        let model = launch.id.to_string();
+        let b = self.behave.lock().unwrap().get(&model).cloned().unwrap_or_default();
+        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
+        self.note(format!("start {model} {pid}"));
+        let (ready_tx, ready) = oneshot::channel();
+        let (exit, exited) = watch::channel(None);
+        let code = b.exit_at_start;
+        let early = exit.clone();
+        let live = Live { model: model.clone(), socket: launch.socket.clone(), exit, ignore_term: b.ignore_term };
+        self.live.lock().unwrap().insert(pid, live);
+        tokio::spawn(async move {
+            tokio::time::sleep(b.load).await;
+            match code {
+                Some(c) => {
+                    let _ = early.send(Some(ExitInfo { code: Some(c), signal: None, at: 0, stderr_tail: vec![] }));
+                }
+                None => {
+                    let _ = ready_tx.send(());
+                }
+            }
+        });
+        Box::pin(async move { Ok(Started { pid, ready, exited, tail: Default::default(), hold: Box::new(()) }) })
+    }
+
+    fn probe(&self, _socket: PathBuf, _timeout: Duration) -> BoxFuture<Result<Option<ModelCard>, String>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn drain(&self, socket: PathBuf, _timeout: Duration) -> BoxFuture<()> {
+        let model = self.live.lock().unwrap().values().find(|l| l.socket == socket).map(|l| l.model.clone());
+        let b = model.as_ref().and_then(|m| self.behave.lock().unwrap().get(m).cloned()).unwrap_or_default();
+        self.note(format!("drain {}", model.unwrap_or_default()));
+        Box::pin(async move {
+            if b.hang_drain {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(b.drain).await;
+        })
+    }
+
+    fn signal(&self, pid: u32, sig: Signal) {
+        let (model, ignore) = match self.live.lock().unwrap().get(&pid) {
+            Some(l) => (l.model.clone(), l.ignore_term),
+            None => return,
+        };
+        self.note(format!("{sig:?} {model}"));
+        if sig == Signal::SIGKILL || !ignore {
+            self.exit(pid, None, Some(sig as i32));
+        }
+    }
+}
+
+fn config(models: &[&str], f: impl FnOnce(&mut PoolConfig)) -> PoolConfig {
+    let mut cfg = PoolConfig {
+        models: models
+            .iter()
+            .map(|m| ModelEntry {
+                id: ModelId::new(*m).unwrap(),
+                path: format!("/m/{m}.gguf").into(),
+                bytes: 100,
+                modified: 0,
+            })
+            .collect(),
+        cap: 1,
+        memory_budget: 0,
+        runtime_dir: std::env::temp_dir().join("corral-pool-tests-absent"),
+        engine_program: "/bin/false".into(),
+        engine_options: EngineOptions::default(),
+        load_timeout: Duration::from_secs(120),
+        queue_timeout: Duration::from_secs(60),
+        drain_timeout: Duration::from_secs(10),
+        stop_timeout: Duration::from_secs(10),
+        keep_alive: None,
+    };
+    f(&mut cfg);
+    cfg
+}
+
+fn s(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn state(pool: &Pool, model: &str) -> &'static str {
+    pool.snapshot().engines.iter().find(|e| e.model == model).unwrap().state
+}
+
+/// Let spawned tasks run until everything waits on the clock again.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_leases_share_one_start() {
+    let fake = Fake::new(&[("a", Behave { load: ms(500), ..Default::default() })]);
+    let pool = Pool::with_procs(config(&["a"], |_| {}), fake.clone());
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let p = pool.clone();
+        set.spawn(async move { p.lease(Some("a")).await.map(|l| l.pid) });
+    }
+    let pids: Vec<u32> = set.join_all().await.into_iter().map(Result::unwrap).collect();
+    assert!(pids.iter().all(|&p| p == pids[0]));
+    assert_eq!(t0.elapsed(), ms(500), "every lease waited exactly for the one load");
+    assert_eq!(fake.count("start"), 1);
+    assert_eq!(pool.counters().spawns.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_alive_stops_an_idle_engine_at_its_ttl() {
+    let fake = Fake::new(&[("a", Behave::default())]);
+    let pool = Pool::with_procs(config(&["a"], |c| c.keep_alive = Some(s(30))), fake.clone());
+    let lease = pool.lease(Some("a")).await.unwrap();
+    tokio::time::sleep(s(5)).await;
+    drop(lease);
+    tokio::time::sleep(s(29)).await;
+    assert_eq!(state(&pool, "a"), "ready", "idle 29 s of 30");
+    tokio::time::sleep(s(2)).await;
+    settle().await;
+    assert_eq!(fake.at("drain a"), Some(s(35)), "stopped 30 s after its last use");
+    assert_eq!(fake.at("SIGTERM a"), Some(s(35)));
+    assert_eq!(state(&pool, "a"), "stopped");
+    assert_eq!(pool.counters().evictions.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_alive_kills_a_stopped_engine_at_the_stop_deadline() {
+    // SIGSTOP-like: the drain never answers and SIGTERM does nothing.
+    let stuck = Behave { ignore_term: true, hang_drain: true, ..Default::default() };
+    let fake = Fake::new(&[("a", stuck)]);
+    let pool = Pool::with_procs(
+        config(&["a"], |c| {
+            c.keep_alive = Some(s(10));
+            c.drain_timeout = s(3);
+            c.stop_timeout = s(4);
+        }),
+        fake.clone(),
+    );
+    drop(pool.lease(Some("a")).await.unwrap());
+    tokio::time::sleep(s(60)).await;
+    assert_eq!(fake.at("drain a"), Some(s(10)));
+    assert_eq!(fake.at("SIGTERM a"), Some(s(10) + s(3) + DRAIN_SLACK));
+    assert_eq!(fake.at("SIGKILL a"), Some(s(10) + s(3) + DRAIN_SLACK + s(4)));
+    assert_eq!(state(&pool, "a"), "stopped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_waits_for_the_new_engine_then_kills_a_stuck_old_one_at_its_deadline() {
+    let fake = Fake::new(&[
+        ("a", Behave { ignore_term: true, hang_drain: true, ..Default::default() }),
+        ("b", Behave { load: s(2), ..Default::default() }),
+    ]);
+    let pool = Pool::with_procs(config(&["a", "b"], |c| c.stop_timeout = s(1)), fake.clone());
+    drop(pool.lease(Some("a")).await.unwrap());
+    let b = pool.lease(Some("b")).await.unwrap();
+    assert_eq!(fake.at("drain a"), Some(s(2)), "a served until b was ready");
+    drop(b);
+    tokio::time::sleep(s(60)).await;
+    assert_eq!(fake.at("SIGKILL a"), Some(s(2) + s(10) + DRAIN_SLACK + s(1)));
+    assert_eq!(state(&pool, "a"), "stopped");
+    assert_eq!(state(&pool, "b"), "ready");
+    assert_eq!(pool.counters().switches.load(Ordering::Relaxed), 1);
+    assert_eq!(pool.counters().last_switch_ms.load(Ordering::Relaxed), 2000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_every_engine_at_once() {
+    let slow = Behave { drain: s(3), ..Default::default() };
+    let fake = Fake::new(&[("a", slow.clone()), ("b", slow.clone()), ("c", slow)]);
+    let pool = Pool::with_procs(config(&["a", "b", "c"], |c| c.cap = 3), fake.clone());
+    for m in ["a", "b", "c"] {
+        drop(pool.lease(Some(m)).await.unwrap());
+    }
+    let t0 = Instant::now();
+    pool.shutdown().await;
+    assert_eq!(t0.elapsed(), s(3), "three 3 s drains take 3 s together, not 9");
+    for m in ["a", "b", "c"] {
+        assert_eq!(fake.at(&format!("drain {m}")), fake.at("drain a"));
+        assert_eq!(state(&pool, m), "stopped");
+    }
+    assert!(matches!(pool.lease(Some("a")).await, Err(LeaseError::ShuttingDown)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_kills_what_outlives_its_bound() {
+    let fake = Fake::new(&[("a", Behave { ignore_term: true, hang_drain: true, ..Default::default() })]);
+    let pool = Pool::with_procs(config(&["a"], |c| c.stop_timeout = s(2)), fake.clone());
+    drop(pool.lease(Some("a")).await.unwrap());
+    let t0 = Instant::now();
+    pool.shutdown().await;
+    assert_eq!(t0.elapsed(), s(10) + DRAIN_SLACK + s(2), "the stop path's own SIGKILL ends it");
+    assert_eq!(fake.count("SIGKILL"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_starts_back_off_then_fail_fast_until_the_cooldown() {
+    let fake = Fake::new(&[("a", Behave { exit_at_start: Some(1), ..Default::default() })]);
+    let pool = Pool::with_procs(config(&["a"], |_| {}), fake.clone());
+    let t0 = Instant::now();
+    let mut errors = Vec::new();
+    while !matches!(errors.last(), Some(LeaseError::CrashLoop { .. })) {
+        errors.push(pool.lease(Some("a")).await.unwrap_err());
+        assert!(errors.len() <= 4);
+    }
+    assert!(matches!(errors[0], LeaseError::StartFailed { .. }));
+    assert_eq!(t0.elapsed(), ms(250 + 500 + 1000), "each retry waited out its backoff");
+    assert_eq!(fake.count("start"), 4);
+    let t1 = Instant::now();
+    assert!(matches!(pool.lease(Some("a")).await, Err(LeaseError::CrashLoop { .. })));
+    assert_eq!(t1.elapsed(), Duration::ZERO, "a failed model answers at once");
+    assert_eq!(fake.count("start"), 4);
+    tokio::time::sleep(crate::policy::FAILED_COOLDOWN).await;
+    fake.behave.lock().unwrap().insert("a".into(), Behave::default());
+    assert!(pool.lease(Some("a")).await.is_ok(), "tried again after the cooldown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_never_gets_ready_is_killed_at_the_load_timeout() {
+    let fake = Fake::new(&[("a", Behave { load: s(3600), ..Default::default() })]);
+    let pool = Pool::with_procs(config(&["a"], |c| c.load_timeout = s(5)), fake.clone());
+    let err = pool.lease(Some("a")).await.unwrap_err();
+    assert!(matches!(err, LeaseError::LoadTimeout { .. }), "{err:?}");
+    assert_eq!(fake.at("SIGKILL a"), Some(s(5)));
+    settle().await;
+    assert_eq!(state(&pool, "a"), "crashed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_engine_is_recycled_and_its_successor_serves() {
+    let fake = Fake::new(&[("a", Behave::default())]);
+    let pool = Pool::with_procs(config(&["a"], |_| {}), fake.clone());
+    let lease = pool.lease(Some("a")).await.unwrap();
+    let (model, pid) = (lease.model.clone(), lease.pid);
+    pool.recycle(&model, pid + 1);
+    assert_eq!(fake.count("SIGKILL"), 0, "another process's failure");
+    pool.recycle(&model, pid);
+    drop(lease);
+    let t0 = Instant::now();
+    let next = pool.lease(Some("a")).await.unwrap();
+    assert_ne!(next.pid, pid);
+    assert_eq!(t0.elapsed(), ms(250), "a recycled engine is a crash: it backs off");
+    assert_eq!(pool.snapshot().engines[0].restarts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_never_gets_the_engine_that_refused_it() {
+    let fake = Fake::new(&[("a", Behave::default())]);
+    let pool = Pool::with_procs(config(&["a"], |_| {}), fake.clone());
+    let first = pool.lease(Some("a")).await.unwrap().pid;
+    let p = pool.clone();
+    let retry = tokio::spawn(async move { p.lease_avoiding(Some("a"), Some(first)).await.map(|l| l.pid) });
+    tokio::time::sleep(ms(1500)).await;
+    assert!(!retry.is_finished(), "the old engine is still ready but refused the connection");
+    fake.exit(first, None, Some(9));
+    let second = retry.await.unwrap().unwrap();
+    assert_ne!(second, first);
+    // An engine that refused but lives on is handed out again after the grace period
+    // (the retry then fails on it instead of waiting for a successor).
+    let t0 = Instant::now();
+    assert_eq!(pool.lease_avoiding(Some("a"), Some(second)).await.unwrap().pid, second);
+    assert_eq!(t0.elapsed(), AVOID_GRACE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn busy_engines_hold_their_slot_until_the_queue_timeout() {
+    let fake = Fake::new(&[("a", Behave::default()), ("b", Behave::default())]);
+    let pool = Pool::with_procs(config(&["a", "b"], |c| c.load_timeout = s(1)), fake.clone());
+    let busy = pool.lease(Some("a")).await.unwrap();
+    let t0 = Instant::now();
+    assert!(matches!(pool.lease(Some("b")).await, Err(LeaseError::Overloaded)));
+    assert_eq!(t0.elapsed(), s(60));
+    assert_eq!(fake.count("start b"), 0);
+    drop(busy);
+    assert!(pool.lease(Some("b")).await.is_ok());
+    settle().await;
+    assert_eq!(state(&pool, "a"), "stopped", "evicted once b was ready");
+}

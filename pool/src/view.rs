@@ -1,0 +1,115 @@
+//! What the pool shows: `/engine` (pool and engine states), `/v1/models` (every known
+//! model, resident or not) and the sockets `/stats` asks. Read-only views; they never
+//! start or call an engine.
+
+use std::path::PathBuf;
+
+use corral_protocol::openai::{ModelCard, ModelList};
+use serde::Serialize;
+
+use crate::child::ExitInfo;
+use crate::pool::Pool;
+use crate::state::EngineState;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolView {
+    pub cap: usize,
+    pub resident: Vec<String>,
+    pub memory_budget_bytes: u64,
+    pub default: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineView {
+    pub model: String,
+    pub state: &'static str,
+    pub pid: Option<u32>,
+    pub socket: Option<String>,
+    pub restarts: u32,
+    pub started_at: Option<u64>,
+    pub last_used_at: Option<u64>,
+    pub in_flight: usize,
+    pub model_bytes: u64,
+    pub last_exit: Option<ExitInfo>,
+}
+
+/// `GET /engine`.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolSnapshot {
+    pub pool: PoolView,
+    pub engines: Vec<EngineView>,
+}
+
+impl Pool {
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let g = self.shared.lock();
+        let cfg = &self.shared.cfg;
+        let engines = g
+            .models
+            .values()
+            .map(|m| EngineView {
+                model: m.entry.id.to_string(),
+                state: m.slot.state().as_str(),
+                pid: m.slot.proc().map(|p| p.pid),
+                socket: m.slot.proc().map(|p| p.socket.display().to_string()),
+                restarts: m.slot.restarts,
+                started_at: m.started_at,
+                last_used_at: m.last_used_at,
+                in_flight: m.slot.in_flight,
+                model_bytes: m.entry.bytes,
+                last_exit: m.last_exit.clone(),
+            })
+            .collect();
+        PoolSnapshot {
+            pool: PoolView {
+                cap: cfg.cap,
+                resident: g
+                    .models
+                    .values()
+                    .filter(|m| m.slot.state().is_resident())
+                    .map(|m| m.entry.id.to_string())
+                    .collect(),
+                memory_budget_bytes: cfg.memory_budget,
+                default: (g.models.len() == 1).then(|| g.models.keys().next().map(|k| k.to_string())).flatten(),
+            },
+            engines,
+        }
+    }
+
+    /// Sockets of ready engines, for fetching their stats.
+    pub fn ready_sockets(&self) -> Vec<(String, PathBuf)> {
+        let g = self.shared.lock();
+        g.models
+            .values()
+            .filter(|m| m.slot.state() == EngineState::Ready)
+            .filter_map(|m| Some((m.entry.id.to_string(), m.slot.proc()?.socket.clone())))
+            .collect()
+    }
+
+    /// Every known model, resident or not; cards learned from engines that have run.
+    pub fn models(&self) -> ModelList {
+        let g = self.shared.lock();
+        let data = g
+            .models
+            .values()
+            .map(|m| {
+                let mut card = m.card.clone().unwrap_or_else(|| ModelCard {
+                    id: m.entry.id.to_string(),
+                    object: "model".into(),
+                    created: m.entry.modified,
+                    owned_by: "corral".into(),
+                    context_window: None,
+                    capabilities: None,
+                    gen_defaults: None,
+                    resident: None,
+                    arch: None,
+                    chat_template: None,
+                });
+                card.id = m.entry.id.to_string();
+                card.resident = Some(m.slot.state().is_resident());
+                card
+            })
+            .collect();
+        ModelList { object: "list".into(), data }
+    }
+}
