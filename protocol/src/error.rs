@@ -99,6 +99,20 @@ impl ErrorKind {
         }
     }
 
+    /// Anthropic's error `type` for this kind.
+    pub fn anthropic_type(self) -> &'static str {
+        match self.status() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 | 405 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
     /// Whether a client may retry later (sent as `Retry-After`).
     pub fn retry_after_secs(self) -> Option<u64> {
         use ErrorKind::*;
@@ -160,9 +174,26 @@ impl ApiError {
     }
 
     /// The whole error response in `shape`.
+    /// Anthropic's shape: `{"type":"error","error":{"type","message"}}`.
+    pub fn to_anthropic_json(&self) -> String {
+        #[derive(Serialize)]
+        struct Detail<'a> {
+            r#type: &'a str,
+            message: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Body<'a> {
+            r#type: &'a str,
+            error: Detail<'a>,
+        }
+        let body = Body { r#type: "error", error: Detail { r#type: self.kind.anthropic_type(), message: &self.message } };
+        serde_json::to_string(&body).unwrap_or_else(|_| r#"{"type":"error","error":{"type":"api_error"}}"#.to_owned())
+    }
+
     pub fn render(&self, shape: ApiShape) -> Rendered {
         let body = match shape {
-            ApiShape::OpenAi => self.to_json(),
+            ApiShape::OpenAi | ApiShape::Responses => self.to_json(),
+            ApiShape::Anthropic => self.to_anthropic_json(),
         };
         let mut headers = self.headers();
         headers.push(("content-type", "application/json".to_owned()));
@@ -174,6 +205,25 @@ impl ApiError {
     pub fn sse_event(&self, shape: ApiShape) -> String {
         match shape {
             ApiShape::OpenAi => format!("data: {}\n\n", self.to_json()),
+            ApiShape::Anthropic => format!("event: error\ndata: {}\n\n", self.to_anthropic_json()),
+            ApiShape::Responses => {
+                #[derive(Serialize)]
+                struct Event<'a> {
+                    r#type: &'a str,
+                    code: &'a str,
+                    message: &'a str,
+                    param: &'a Option<String>,
+                    sequence_number: u64,
+                }
+                let e = Event {
+                    r#type: "error",
+                    code: self.kind.code(),
+                    message: &self.message,
+                    param: &self.param,
+                    sequence_number: 0,
+                };
+                format!("event: error\ndata: {}\n\n", serde_json::to_string(&e).unwrap_or_default())
+            }
         }
     }
 }
@@ -184,6 +234,12 @@ pub enum ApiShape {
     /// `{"error":{"message","type","param","code"}}` and `data: {…}` events.
     #[default]
     OpenAi,
+    /// Anthropic Messages: `{"type":"error","error":{"type","message"}}`, and
+    /// `event: error` with the same body in a stream.
+    Anthropic,
+    /// OpenAI Responses: OpenAI's body; in a stream, an `error` event
+    /// (`{"type":"error","code","message","param","sequence_number"}`).
+    Responses,
 }
 
 /// An error response ready to write.
@@ -248,6 +304,12 @@ mod tests {
         assert!(r.headers.contains(&("retry-after", "1".to_owned())));
         assert!(r.headers.contains(&("content-type", "application/json".to_owned())));
         assert_eq!(e.sse_event(ApiShape::OpenAi), format!("data: {}\n\n", r.body));
+        let a = e.render(ApiShape::Anthropic);
+        let v: serde_json::Value = serde_json::from_str(&a.body).unwrap();
+        assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("overloaded_error")));
+        assert!(e.sse_event(ApiShape::Anthropic).starts_with("event: error\ndata: {\"type\":\"error\""));
+        assert_eq!(ApiError::invalid("x", "y").kind.anthropic_type(), "invalid_request_error");
+        assert!(e.sse_event(ApiShape::Responses).contains("\"sequence_number\":0"));
         assert!(ApiError::invalid("x", "y").headers().is_empty());
     }
 }
