@@ -77,6 +77,14 @@ pub struct GenDefaultsArgs {
     pub max_tokens: Option<usize>,
     /// Constrained decoding (structured output, tool calls): `off` states constraints
     /// in the prompt instead and marks responses with a Warning header.
+    /// Ask templates that can reason to think (`enable_thinking`) when a request does
+    /// not say; unset: the template's own default.
+    #[arg(long = flag::THINKING, value_name = "BOOL", env = "CORRAL_THINKING", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub thinking: Option<bool>,
+    /// Use this Jinja chat template instead of the model's own (for GGUFs with a
+    /// broken or missing one).
+    #[arg(long = flag::CHAT_TEMPLATE, value_name = "FILE", env = "CORRAL_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
     #[arg(long = flag::GRAMMAR, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub grammar: bool,
 }
@@ -102,6 +110,7 @@ impl GenDefaultsArgs {
             min_p: self.min_p,
             max_tokens: self.max_tokens,
             grammar_off: !self.grammar,
+            thinking: self.thinking,
         }
     }
 
@@ -114,6 +123,9 @@ impl GenDefaultsArgs {
             min_p: self.min_p,
             max_tokens: self.max_tokens,
             grammar: (!self.grammar).then_some(false),
+            thinking: self.thinking,
+            // Engines may not share the gateway's working directory.
+            chat_template: self.chat_template.as_ref().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
         }
     }
 }
@@ -213,10 +225,19 @@ pub fn engine(args: EngineArgs) -> u8 {
         Ok(id) => id,
         Err(e) => return fail(CONFIG, &format!("bad model id: {e}")),
     };
-    let engine = match Engine::load_with(&args.model, args.ssd_cache.as_deref()) {
+    let mut engine = match Engine::load_with(&args.model, args.ssd_cache.as_deref()) {
         Ok(e) => e,
         Err(e) => return fail(CONFIG, &e.to_string()),
     };
+    if let Some(path) = &args.sampling.chat_template {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => return fail(CONFIG, &format!("--chat-template {}: {e}", path.display())),
+        };
+        if let Err(e) = engine.set_chat_template(&text) {
+            return fail(CONFIG, &format!("--chat-template {}: {e}", path.display()));
+        }
+    }
     let load_ms = engine.load_time.as_millis() as u64;
     let ctx = args.ctx.unwrap_or(4096).min(engine.config().ctx_train).max(16);
     let cfg = ServerConfig {
@@ -268,6 +289,8 @@ mod tests {
                     min_p: Some(0.05),
                     max_tokens: Some(100),
                     grammar: Some(false),
+                    thinking: Some(true),
+                    chat_template: Some("/t/chat.jinja".into()),
                 },
                 cache: CacheFlags {
                     prompt_cache_gb: Some(1.5),

@@ -60,6 +60,8 @@ impl ChatMessage {
 pub enum TemplateSource {
     Gguf,
     Builtin(&'static str),
+    /// Given on the command line (`--chat-template FILE`).
+    File,
 }
 
 pub struct ChatTemplate {
@@ -103,6 +105,13 @@ impl ChatTemplate {
         Ok(Self { env, source, text, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
     }
 
+    /// A template given on the command line, replacing the model's.
+    pub fn from_file_text(text: &str, bos: &str, eos: &str, tokenizer_adds_bos: bool) -> Result<Self> {
+        let mut t = Self::new(Some(text), Arch::Llama, bos, eos, tokenizer_adds_bos)?;
+        t.source = TemplateSource::File;
+        Ok(t)
+    }
+
     pub fn source(&self) -> &TemplateSource {
         &self.source
     }
@@ -120,15 +129,29 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_with(messages, tools, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// As `render`, with extra template variables (`chat_template_kwargs`, such as
+    /// `enable_thinking`); they never replace the conversation's own variables.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let tmpl = self.env.get_template("chat").map_err(|e| Error::Template(describe(&e)))?;
+        let own = context! {
+            messages => messages,
+            tools => tools,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+        };
+        // minijinja's context merge: earlier values win, so ours come first.
         let out = tmpl
-            .render(context! {
-                messages => messages,
-                tools => tools,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos,
-                eos_token => &self.eos,
-            })
+            .render(minijinja::context! { ..own, ..Value::from_serialize(kwargs) })
             .map_err(|e| Error::Template(describe(&e)))?;
         Ok(match (self.strip_bos && !self.bos.is_empty(), out.strip_prefix(self.bos.as_str())) {
             (true, Some(rest)) => rest.to_owned(),
@@ -199,6 +222,17 @@ mod tests {
         let t =
             ChatTemplate::new(Some("{{ bos_token }}{{ messages[0].content }}"), Arch::Llama, "<s>", "", true).unwrap();
         assert_eq!(t.render(&msgs()[1..2], None, false).unwrap(), "Hi");
+    }
+
+    #[test]
+    fn template_kwargs_reach_the_template_but_never_replace_the_conversation() {
+        let src = "{% if enable_thinking %}T{% else %}F{% endif %}{{ messages[0].content }}";
+        let t = ChatTemplate::new(Some(src), Arch::Llama, "", "", false).unwrap();
+        let mut kw = serde_json::Map::new();
+        kw.insert("enable_thinking".into(), true.into());
+        kw.insert("messages".into(), serde_json::json!([{"role": "user", "content": "X"}]));
+        assert_eq!(t.render_with(&msgs()[1..2], None, false, &kw).unwrap(), "THi");
+        assert_eq!(t.render(&msgs()[1..2], None, false).unwrap(), "FHi");
     }
 
     #[test]

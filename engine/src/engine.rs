@@ -129,6 +129,17 @@ impl Engine {
         })
     }
 
+    /// Replace the model's chat template (`--chat-template FILE`); the tool-call format
+    /// is detected again from the new one.
+    pub fn set_chat_template(&mut self, text: &str) -> Result<()> {
+        let tok = &self.tokenizer;
+        let piece = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_owned();
+        let t = ChatTemplate::from_file_text(text, &piece(tok.bos()), &piece(tok.eos()), tok.add_bos())?;
+        self.tool_format = ToolFormat::detect(Some(t.text()), |s| tok.token_id(s));
+        self.template = Some(t);
+        Ok(())
+    }
+
     /// What this model's prompt-cache files must match.
     pub fn cache_identity(&self) -> crate::cache::Identity {
         crate::cache::Identity {
@@ -144,14 +155,20 @@ impl Engine {
 
     /// Render a conversation with the chat template and tokenize it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let text = self.render_chat(messages, None)?;
+        let text = self.render_chat(messages, None, &serde_json::Map::new())?;
         self.tokenizer.encode(&text, true)
     }
 
-    /// The chat template's text for a conversation (with a generation prompt).
-    pub fn render_chat(&self, messages: &[ChatMessage], tools: Option<&serde_json::Value>) -> Result<String> {
+    /// The chat template's text for a conversation (with a generation prompt);
+    /// `kwargs` are extra template variables (`chat_template_kwargs`).
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let t = self.template.as_ref().ok_or_else(|| Error::Template("this model has no chat template".into()))?;
-        t.render(messages, tools, true)
+        t.render_with(messages, tools, true, kwargs)
     }
 
     /// Tokenize a raw completion prompt (BOS added when the model wants it).

@@ -88,6 +88,8 @@ pub struct Outcome {
     pub decode: Duration,
     /// Time spent on grammar masks during decode (zero without a grammar).
     pub mask: Duration,
+    /// The stop string that ended generation, if one did.
+    pub stop: Option<String>,
 }
 
 impl Outcome {
@@ -167,6 +169,7 @@ pub fn generate(
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         mask: Duration::ZERO,
+        stop: None,
     };
 
     let start = Instant::now();
@@ -243,5 +246,6 @@ pub fn generate(
     }
     out.decode = decode_start.elapsed();
     out.mask = grammar.map_or(Duration::ZERO, |g| g.cost().0);
+    out.stop = stops.matched().map(str::to_owned);
     Ok(out)
 }

@@ -5,6 +5,7 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    matched: Option<String>,
 }
 
 pub enum StopScan {
@@ -16,7 +17,7 @@ pub enum StopScan {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        Self { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), matched: None }
     }
 
     pub fn push(&mut self, text: &str) -> StopScan {
@@ -25,8 +26,11 @@ impl StopMatcher {
         }
         self.held.push_str(text);
         // Earliest full match wins.
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some((at, stop)) =
+            self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|m| m.0)
+        {
             let out = self.held[..at].to_owned();
+            self.matched = Some(stop.clone());
             self.held.clear();
             return StopScan::Stopped(out);
         }
@@ -36,6 +40,11 @@ impl StopMatcher {
         let out = self.held[..cut].to_owned();
         self.held.drain(..cut);
         StopScan::Continue(out)
+    }
+
+    /// The stop string that ended generation, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// End of generation for another reason: release held text.

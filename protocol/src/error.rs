@@ -186,7 +186,8 @@ impl ApiError {
             r#type: &'a str,
             error: Detail<'a>,
         }
-        let body = Body { r#type: "error", error: Detail { r#type: self.kind.anthropic_type(), message: &self.message } };
+        let body =
+            Body { r#type: "error", error: Detail { r#type: self.kind.anthropic_type(), message: &self.message } };
         serde_json::to_string(&body).unwrap_or_else(|_| r#"{"type":"error","error":{"type":"api_error"}}"#.to_owned())
     }
 

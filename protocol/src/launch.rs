@@ -37,6 +37,8 @@ pub mod flag {
     pub const MIN_P: &str = "min-p";
     pub const MAX_TOKENS: &str = "max-tokens";
     pub const GRAMMAR: &str = "grammar";
+    pub const THINKING: &str = "thinking";
+    pub const CHAT_TEMPLATE: &str = "chat-template";
     pub const PROMPT_CACHE: &str = "prompt-cache";
     pub const SSD_CACHE: &str = "ssd-cache";
     pub const SSD_CACHE_MAX: &str = "ssd-cache-max";
@@ -57,6 +59,10 @@ pub struct SamplingFlags {
     pub max_tokens: Option<usize>,
     /// Constrained decoding; `Some(false)` turns it off (`--grammar off`).
     pub grammar: Option<bool>,
+    /// `enable_thinking` for requests that do not say.
+    pub thinking: Option<bool>,
+    /// A Jinja chat template replacing the model's.
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Prompt-cache settings; `None` leaves the engine's default.
@@ -115,6 +121,10 @@ impl EngineLaunch {
         a.opt(flag::MIN_P, s.min_p);
         a.opt(flag::MAX_TOKENS, s.max_tokens);
         a.opt(flag::GRAMMAR, s.grammar.map(|on| if on { "on" } else { "off" }));
+        a.opt(flag::THINKING, s.thinking);
+        if let Some(t) = &s.chat_template {
+            a.value(flag::CHAT_TEMPLATE, t.clone());
+        }
         let c = &o.cache;
         a.opt(flag::PROMPT_CACHE, c.prompt_cache_gb);
         if let Some(dir) = &c.ssd_cache {

@@ -121,6 +121,7 @@ fn models(app: &App) -> ModelList {
     let template = app.engine.template.as_ref().map(|t| match t.source() {
         TemplateSource::Gguf => "gguf".to_owned(),
         TemplateSource::Builtin(n) => format!("builtin:{n}"),
+        TemplateSource::File => "file".to_owned(),
     });
     ModelList {
         object: "list".into(),
@@ -219,8 +220,8 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, route: Route) -> Respon
     r
 }
 
-/// `Warning: 299 - "grammar not enforced: <reason>"` (RFC 7234's miscellaneous
-/// persistent warning), the reason reduced to what a header may carry.
+/// `Warning: 299 - "<what is not honoured: why>"` (RFC 7234's miscellaneous persistent
+/// warning), e.g. `grammar not enforced: …`, reduced to what a header may carry.
 fn warning_header(reason: &str) -> HeaderValue {
     let words: Vec<String> = reason
         .split_whitespace()
@@ -228,8 +229,8 @@ fn warning_header(reason: &str) -> HeaderValue {
         .filter(|w: &String| !w.is_empty())
         .collect();
     let clean: String = words.join(" ").chars().take(300).collect();
-    HeaderValue::from_str(&format!("299 - \"grammar not enforced: {clean}\""))
-        .unwrap_or_else(|_| HeaderValue::from_static("299 - \"grammar not enforced\""))
+    HeaderValue::from_str(&format!("299 - \"{clean}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("299 - \"not honoured\""))
 }
 
 /// `POST /apply-template` (as llama.cpp's server): the prompt a chat request renders

@@ -14,6 +14,7 @@ mod body;
 mod conversation;
 mod errors;
 mod http;
+mod input;
 mod requests;
 mod responses;
 pub mod socket;

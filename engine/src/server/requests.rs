@@ -12,16 +12,13 @@ use corral_protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, 
 use corral_protocol::{ApiError, ErrorKind};
 use llguidance::api::TopLevelGrammar;
 
-use super::answer::{Reading, ToolOutput};
-use super::conversation;
+use super::answer::Reading;
+use super::input;
 use super::structured;
 use crate::Engine;
 use crate::generate::GenerateParams;
 use crate::grammar::{Constraint, Grammar};
-use crate::reasoning;
 use crate::sampler::SamplingParams;
-use crate::tools::grammar::tool_grammar;
-use crate::tools::prompt::fallback_system;
 
 /// A `max_tokens` above this is not a request anyone means.
 pub const MAX_TOKENS_LIMIT: i64 = 1 << 24;
@@ -42,6 +39,9 @@ pub struct ServerDefaults {
     pub max_tokens: Option<usize>,
     /// `--grammar off`: constraints are stated in the prompt, not enforced.
     pub grammar_off: bool,
+    /// `--thinking`: whether templates that can reason are asked to, when a request
+    /// does not say.
+    pub thinking: Option<bool>,
 }
 
 /// The sampling defaults in effect: flags > model file (`general.sampling.*`) > built-in.
@@ -50,6 +50,7 @@ pub struct EffectiveDefaults {
     pub sampling: SamplingParams,
     pub max_tokens: Option<usize>,
     pub grammar: bool,
+    pub thinking: Option<bool>,
 }
 
 impl EffectiveDefaults {
@@ -65,6 +66,7 @@ impl EffectiveDefaults {
             },
             max_tokens: flags.max_tokens,
             grammar: !flags.grammar_off,
+            thinking: flags.thinking,
         }
     }
 }
@@ -178,14 +180,14 @@ fn stops(f: &SamplingFields) -> Result<Vec<String>, ApiError> {
 
 /// What the sampling fields and the prompt give, before the grammar and the
 /// response-shaping parts are added.
-struct Common {
-    prompt: Vec<u32>,
-    logprobs: Option<usize>,
+pub(super) struct Common {
+    pub prompt: Vec<u32>,
+    pub logprobs: Option<usize>,
     /// `max_tokens` when neither the request nor `--max-tokens` sets it.
-    default_max: usize,
+    pub default_max: usize,
 }
 
-fn finish(
+pub(super) fn finish(
     c: Common,
     f: &SamplingFields,
     d: &EffectiveDefaults,
@@ -225,7 +227,12 @@ fn finish(
 }
 
 /// Compile `grammar`, or say why it is not enforced.
-fn compile(engine: &Engine, d: &EffectiveDefaults, grammar: TopLevelGrammar, json: bool) -> Result<Grammar, String> {
+pub(super) fn compile(
+    engine: &Engine,
+    d: &EffectiveDefaults,
+    grammar: TopLevelGrammar,
+    json: bool,
+) -> Result<Grammar, String> {
     if !d.grammar {
         return Err("grammars are turned off on this server (--grammar off)".into());
     }
@@ -235,80 +242,18 @@ fn compile(engine: &Engine, d: &EffectiveDefaults, grammar: TopLevelGrammar, jso
     })
 }
 
-fn tokenize(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn tokenize(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
     engine.tokenizer.encode(text, true).map_err(|e| ApiError::from(&e))
 }
 
+/// OpenAI chat completions: the request in the common shape, then `input::chat`.
 pub fn chat(
     req: &ChatCompletionRequest,
     engine: &Engine,
     d: &EffectiveDefaults,
     ctx: usize,
 ) -> Result<Validated, ApiError> {
-    let messages = req.messages.as_ref().ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
-    let turns = conversation::turns(messages)?;
-    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs.filter(|&n| n != -1)) {
-        (_, Some(n)) if !(0..=MAX_TOP_LOGPROBS).contains(&n) => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                format!("top_logprobs must be in [0, {MAX_TOP_LOGPROBS}] (got {n})"),
-            ));
-        }
-        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "top_logprobs needs logprobs: true")),
-        (true, n) => Some(n.unwrap_or(0) as usize),
-        (false, None) => None,
-    };
-    let tools = structured::tools(req)?;
-    let constraint = structured::constraint(&req.constraints)?.map(|(_, c)| c);
-    let fmt = &engine.tool_format;
-    let grammar = match (&tools, &constraint) {
-        (Some(t), c) => Some(tool_grammar(fmt, t, c.as_ref())),
-        (None, Some(c)) => Some(TopLevelGrammar::from_grammar(c.grammar("answer"))),
-        (None, None) => None,
-    };
-    let json = tools.is_some() || constraint.as_ref().is_some_and(Constraint::is_json);
-    let compiled = grammar.map(|g| compile(engine, d, g, json));
-    let enforced = matches!(compiled, Some(Ok(_)));
-
-    // What the system turn must say: the tools (unless the template renders them),
-    // and, when nothing is enforced, the required output.
-    let mut system = Vec::new();
-    if let Some(t) = tools.as_ref().filter(|_| !fmt.native) {
-        system.push(fallback_system(t));
-    }
-    if let Some(c) = constraint.as_ref().filter(|_| !enforced) {
-        system.push(c.instruction());
-    }
-    let tools_json = tools.as_ref().filter(|_| fmt.native).map(|t| {
-        serde_json::Value::Array(
-            t.tools
-                .iter()
-                .map(|d| {
-                    serde_json::json!({"type": "function", "function": {
-                        "name": d.name, "description": d.description, "parameters": d.parameters}})
-                })
-                .collect(),
-        )
-    });
-    let msgs = conversation::template_messages(&turns, fmt, &system);
-    let text = engine.render_chat(&msgs, tools_json.as_ref()).map_err(|e| ApiError::from(&e))?;
-    let prompt = tokenize(engine, &text)?;
-    let mut v = finish(Common { prompt, logprobs, default_max: ctx }, &req.sampling, d, engine, ctx)?;
-    match compiled {
-        Some(Ok(g)) => v.params.grammar = Some(g),
-        Some(Err(reason)) => v.warnings.push(reason),
-        None => {}
-    }
-    v.reading = Reading {
-        tools: tools.map(|_| ToolOutput { format: fmt.clone(), enforced }),
-        think: engine
-            .template
-            .as_ref()
-            .is_some_and(|t| t.text().contains(reasoning::OPEN))
-            .then(|| reasoning::prompt_opens(&text)),
-    };
-    v.rendered = Some(text);
-    Ok(v)
+    input::chat(input::from_openai(req)?, engine, d, ctx)
 }
 
 pub fn completion(
@@ -355,7 +300,7 @@ pub fn completion(
     // warning header alone tells the client.
     match constraint.map(|c| compile(engine, d, TopLevelGrammar::from_grammar(c.grammar("answer")), c.is_json())) {
         Some(Ok(g)) => v.params.grammar = Some(g),
-        Some(Err(reason)) => v.warnings.push(reason),
+        Some(Err(reason)) => v.warnings.push(format!("grammar not enforced: {reason}")),
         None => {}
     }
     Ok(v)

@@ -99,6 +99,10 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
+    /// `none | minimal | low | medium | high`: whether the model reasons.
+    pub reasoning_effort: Option<String>,
+    /// Extra variables for the chat template (vLLM/llama.cpp), e.g. `enable_thinking`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
     #[serde(flatten)]
