@@ -6,11 +6,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use corral_net::gauge::{Gauge, Guard};
+use corral_net::gauge::Gauge;
+use corral_protocol::anthropic::{MessagesRequest, TokenCount};
 use corral_protocol::openai::{Capabilities, GenDefaults, ModelCard, ModelList};
+use corral_protocol::responses::ResponsesRequest;
 use corral_protocol::{ApiError, ApiShape, ErrorKind};
 use http::{HeaderValue, Method, Request, Response, header};
 use hyper::body::Incoming;
@@ -18,15 +20,17 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use super::admin;
-use super::answer::{AnswerPiece, Reading};
+use super::anthropic::{self, AnthropicRender};
 use super::body::Body;
+use super::input;
 use super::requests::{self, EffectiveDefaults, Validated};
-use super::responses::{self, ChunkKind, Meta, Route};
+use super::responses::{Meta, OpenAiRender, Route};
+use super::responses_api::{self, ResponsesRender};
 use super::stats::Stats;
-use super::worker::{Event, Job, Worker};
+use super::stream;
+use super::worker::{Job, Worker};
 use crate::Engine;
 use crate::chat::TemplateSource;
-use crate::generate::{FinishReason, TokenOut};
 
 pub struct App {
     pub engine: Arc<Engine>,
@@ -47,7 +51,12 @@ pub struct App {
 }
 
 pub fn error_response(e: &ApiError) -> Response<Body> {
-    corral_net::respond::error_response(e, ApiShape::OpenAi)
+    error_response_in(e, ApiShape::OpenAi)
+}
+
+/// An error response in one API's shape.
+pub fn error_response_in(e: &ApiError, shape: ApiShape) -> Response<Body> {
+    corral_net::respond::error_response(e, shape)
 }
 
 pub fn json_response(body: impl Into<Bytes>) -> Response<Body> {
@@ -63,7 +72,27 @@ enum Op {
     AdminDrain,
     AdminFlush,
     ApplyTemplate,
-    Generate(Route),
+    CountTokens,
+    Generate(Api),
+}
+
+/// The generation APIs, each with its request shape, renderer and error shape.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Api {
+    Chat,
+    Completion,
+    Messages,
+    Responses,
+}
+
+impl Api {
+    fn shape(self) -> ApiShape {
+        match self {
+            Api::Chat | Api::Completion => ApiShape::OpenAi,
+            Api::Messages => ApiShape::Anthropic,
+            Api::Responses => ApiShape::Responses,
+        }
+    }
 }
 
 impl Op {
@@ -76,8 +105,11 @@ impl Op {
             "/admin/drain" => (Op::AdminDrain, Method::POST),
             "/admin/cache/flush" => (Op::AdminFlush, Method::POST),
             "/apply-template" => (Op::ApplyTemplate, Method::POST),
-            "/v1/chat/completions" => (Op::Generate(Route::Chat), Method::POST),
-            "/v1/completions" => (Op::Generate(Route::Completion), Method::POST),
+            "/v1/chat/completions" => (Op::Generate(Api::Chat), Method::POST),
+            "/v1/completions" => (Op::Generate(Api::Completion), Method::POST),
+            "/v1/messages" => (Op::Generate(Api::Messages), Method::POST),
+            "/v1/messages/count_tokens" => (Op::CountTokens, Method::POST),
+            "/v1/responses" => (Op::Generate(Api::Responses), Method::POST),
             _ => return Err((ApiError::new(ErrorKind::NotFound, format!("no route {path}")), None)),
         };
         if *method != allowed {
@@ -112,7 +144,8 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
         Op::AdminDrain => admin::drain(&app, &req).await,
         Op::AdminFlush => admin::flush(&app).await,
         Op::ApplyTemplate => apply_template(app, req).await,
-        Op::Generate(route) => generate(app.clone(), req, route).await,
+        Op::CountTokens => count_tokens(app, req).await,
+        Op::Generate(api) => generate(app.clone(), req, api).await,
     }
 }
 
@@ -173,51 +206,108 @@ fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     Ok(v)
 }
 
-/// Parse, render the chat template and tokenize: CPU work proportional to the prompt.
-fn validate(app: &App, route: Route, bytes: &[u8]) -> Result<Validated, ApiError> {
-    match route {
-        Route::Chat => requests::chat(&parse_json(bytes)?, &app.engine, &app.defaults, app.ctx),
-        Route::Completion => requests::completion(&parse_json(bytes)?, &app.engine, &app.defaults, app.ctx),
-    }
+/// What validation hands on to rendering.
+enum Parsed {
+    OpenAi(Route),
+    Messages,
+    Responses(Box<ResponsesRequest>),
 }
 
-async fn generate(app: Arc<App>, req: Request<Incoming>, route: Route) -> Response<Body> {
+/// Parse, render the chat template and tokenize: CPU work proportional to the prompt.
+/// `expanded`: the gateway sent a Responses request's whole history.
+fn validate(app: &App, api: Api, bytes: &[u8], expanded: bool) -> Result<(Validated, Parsed), ApiError> {
+    let (e, d, ctx) = (&app.engine, &app.defaults, app.ctx);
+    Ok(match api {
+        Api::Chat => (requests::chat(&parse_json(bytes)?, e, d, ctx)?, Parsed::OpenAi(Route::Chat)),
+        Api::Completion => (requests::completion(&parse_json(bytes)?, e, d, ctx)?, Parsed::OpenAi(Route::Completion)),
+        Api::Messages => (input::chat(anthropic::input(&parse_json(bytes)?)?, e, d, ctx)?, Parsed::Messages),
+        Api::Responses => {
+            let req: ResponsesRequest = parse_json(bytes)?;
+            (input::chat(responses_api::input(&req, expanded)?, e, d, ctx)?, Parsed::Responses(Box::new(req)))
+        }
+    })
+}
+
+async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<Body> {
     app.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+    let shape = api.shape();
     // Counted before the drain flag is read, so a drain never misses an admitted request.
     let work = app.work.enter();
     if app.draining.load(Ordering::SeqCst) {
-        return error_response(&ApiError::new(ErrorKind::EngineDraining, "the engine is draining; retry"));
+        return error_response_in(&ApiError::new(ErrorKind::EngineDraining, "the engine is draining; retry"), shape);
     }
     let failed = |app: &App, e: &ApiError| {
         app.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-        error_response(e)
+        error_response_in(e, shape)
     };
+    let expanded = req.headers().contains_key(responses_api::HISTORY_HEADER);
     let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
         Ok((_, b)) => b,
         Err(e) => return failed(&app, &e.into()),
     };
     let job_app = app.clone();
-    let validated = tokio::task::spawn_blocking(move || validate(&job_app, route, &bytes))
+    let validated = tokio::task::spawn_blocking(move || validate(&job_app, api, &bytes, expanded))
         .await
         .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request validation failed: {e}"))));
-    let Validated { prompt, params, stream, include_usage, warnings, reading, rendered: _ } = match validated {
+    let (Validated { prompt, params, stream, include_usage, warnings, reading, rendered: _ }, parsed) = match validated
+    {
         Ok(v) => v,
         Err(e) => return failed(&app, &e),
     };
+    let prompt_tokens = prompt.len();
     let (events, rx) = mpsc::channel(64);
     if let Err(e) = app.worker.submit(Job { prompt, params, events }) {
         return failed(&app, &e);
     }
-    let meta = Meta::new(route, &app.model_id);
-    let mut r = if stream {
-        stream_response(app, meta, rx, include_usage, reading, work)
-    } else {
-        whole_response(app, meta, rx, reading).await
+    let mut r = match parsed {
+        Parsed::OpenAi(route) => {
+            let render = OpenAiRender::new(Meta::new(route, &app.model_id), app.engine.clone(), include_usage);
+            respond(render, stream, rx, reading, work).await
+        }
+        Parsed::Messages => {
+            respond(AnthropicRender::new(&app.model_id, prompt_tokens), stream, rx, reading, work).await
+        }
+        Parsed::Responses(req) => {
+            let engine = app.engine.clone();
+            let count = Box::new(move |t: &str| engine.tokenizer.encode(t, false).map_or(0, |ids| ids.len()));
+            respond(ResponsesRender::new(&app.model_id, &req, count), stream, rx, reading, work).await
+        }
     };
     for w in &warnings {
         r.headers_mut().append(header::WARNING, warning_header(w));
     }
     r
+}
+
+async fn respond(
+    render: impl stream::Render,
+    streamed: bool,
+    rx: mpsc::Receiver<super::worker::Event>,
+    reading: super::answer::Reading,
+    work: corral_net::gauge::Guard,
+) -> Response<Body> {
+    if streamed { stream::streaming(render, rx, reading, work) } else { stream::whole(render, rx, reading).await }
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt a Messages request renders to, counted.
+async fn count_tokens(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
+    let shape = ApiShape::Anthropic;
+    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
+        Ok((_, b)) => b,
+        Err(e) => return error_response_in(&e.into(), shape),
+    };
+    let job_app = app.clone();
+    let counted = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
+        let req: MessagesRequest = parse_json(&bytes)?;
+        let input = anthropic::input(&anthropic::count_request(&req))?;
+        Ok(input::chat(input, &job_app.engine, &job_app.defaults, job_app.ctx)?.prompt.len())
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("counting failed: {e}"))));
+    match counted {
+        Ok(n) => json_response(serde_json::to_string(&TokenCount { input_tokens: n }).unwrap_or_default()),
+        Err(e) => error_response_in(&e, shape),
+    }
 }
 
 /// `Warning: 299 - "<what is not honoured: why>"` (RFC 7234's miscellaneous persistent
@@ -241,7 +331,7 @@ async fn apply_template(app: Arc<App>, req: Request<Incoming>) -> Response<Body>
         Err(e) => return error_response(&e.into()),
     };
     let job_app = app.clone();
-    let v = tokio::task::spawn_blocking(move || validate(&job_app, Route::Chat, &bytes))
+    let v = tokio::task::spawn_blocking(move || validate(&job_app, Api::Chat, &bytes, false).map(|v| v.0))
         .await
         .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request validation failed: {e}"))));
     match v {
@@ -251,159 +341,4 @@ async fn apply_template(app: Arc<App>, req: Request<Incoming>) -> Response<Body>
         ),
         Err(e) => error_response(&e),
     }
-}
-
-async fn whole_response(app: Arc<App>, meta: Meta, mut rx: mpsc::Receiver<Event>, reading: Reading) -> Response<Body> {
-    let mut text = String::new();
-    let mut lp: Vec<TokenOut> = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Token(t) => {
-                text.push_str(&t.text);
-                if t.logprob.is_some() {
-                    lp.push(t);
-                }
-            }
-            Event::Flush(t) => text.push_str(&t),
-            Event::Done(o) if o.finish == FinishReason::Cancelled => return error_response(&cut()),
-            Event::Done(o) => {
-                let answer = reading.read(&text);
-                let body = responses::final_body(&meta, text, answer, &o, &lp, &app.engine.tokenizer);
-                return json_response(body);
-            }
-            Event::Failed(e) => return error_response(&e),
-        }
-    }
-    error_response(&ApiError::new(ErrorKind::Internal, "the generation thread went away"))
-}
-
-/// A request cut by a drain deadline or shutdown (a client that left sees nothing).
-fn cut() -> ApiError {
-    ApiError::new(ErrorKind::EngineDraining, "the request was cut short: the engine is stopping")
-}
-
-fn stream_response(
-    app: Arc<App>,
-    meta: Meta,
-    mut rx: mpsc::Receiver<Event>,
-    include_usage: bool,
-    reading: Reading,
-    work: Guard,
-) -> Response<Body> {
-    let (tx, body) = Body::channel(16);
-    tokio::spawn(async move {
-        // The request counts as work until its last event is handed to the body.
-        let _work = work;
-        let tok = &app.engine.tokenizer;
-        let mut offset = 0usize;
-        // Chat answers are read as they come (reasoning, text, tool calls); completions
-        // stream their text as generated.
-        let mut answer = (meta.route == Route::Chat).then(|| reading.stream());
-        let started = Instant::now();
-        if meta.route == Route::Chat && tx.send(responses::chunk(&meta, ChunkKind::Role, tok)).await.is_err() {
-            return;
-        }
-        loop {
-            // Waiting on both: a client that leaves during prefill closes `tx`, and
-            // dropping `rx` then tells the generation thread to stop.
-            let ev = tokio::select! {
-                ev = rx.recv() => ev,
-                _ = tx.closed() => return,
-            };
-            let frames = match ev {
-                Some(Event::Token(t)) if t.text.is_empty() && t.logprob.is_none() => continue,
-                Some(Event::Token(t)) if answer.is_some() => {
-                    let pieces = answer.as_mut().map(|a| a.push(&t.text)).unwrap_or_default();
-                    piece_frames(&meta, tok, pieces, Some(&t))
-                }
-                Some(Event::Token(t)) => {
-                    let c = responses::chunk(&meta, ChunkKind::Text { text: &t.text, lp: Some(&t), offset }, tok);
-                    offset += t.text.len();
-                    vec![c]
-                }
-                Some(Event::Flush(t)) if answer.is_some() => {
-                    let pieces = answer.as_mut().map(|a| a.push(&t)).unwrap_or_default();
-                    piece_frames(&meta, tok, pieces, None)
-                }
-                Some(Event::Flush(t)) => {
-                    vec![responses::chunk(&meta, ChunkKind::Text { text: &t, lp: None, offset }, tok)]
-                }
-                Some(Event::Done(o)) if o.finish == FinishReason::Cancelled => {
-                    let _ = tx.send(responses::sse_error(&cut())).await;
-                    return;
-                }
-                Some(Event::Done(o)) => {
-                    let mut frames = match answer.as_mut() {
-                        Some(a) => piece_frames(&meta, tok, a.finish(), None),
-                        None => Vec::new(),
-                    };
-                    let made_calls = answer.as_ref().is_some_and(|a| a.calls() > 0);
-                    frames.push(responses::chunk(&meta, ChunkKind::Finish(responses::finish_str(&o, made_calls)), tok));
-                    if include_usage {
-                        frames.push(responses::chunk(&meta, ChunkKind::Usage(responses::usage(&o)), tok));
-                    }
-                    frames.push(responses::sse_done());
-                    for f in frames {
-                        if tx.send(f).await.is_err() {
-                            return;
-                        }
-                    }
-                    tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "stream done");
-                    return;
-                }
-                Some(Event::Failed(e)) => {
-                    let _ = tx.send(responses::sse_error(&e)).await;
-                    return;
-                }
-                None => {
-                    let _ = tx
-                        .send(responses::sse_error(&ApiError::new(
-                            ErrorKind::Internal,
-                            "the generation thread went away",
-                        )))
-                        .await;
-                    return;
-                }
-            };
-            for frame in frames {
-                if tx.send(frame).await.is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    r
-}
-
-/// The chunks of an answer's pieces; a token's logprobs ride on its first text chunk
-/// (or on an empty one, when the token released no text yet).
-fn piece_frames(
-    meta: &Meta,
-    tok: &crate::tokenizer::Tokenizer,
-    pieces: Vec<AnswerPiece>,
-    lp: Option<&TokenOut>,
-) -> Vec<Bytes> {
-    let mut lp = lp.filter(|t| t.logprob.is_some());
-    let mut frames: Vec<Bytes> = pieces
-        .iter()
-        .map(|p| match p {
-            AnswerPiece::Text(text) => responses::chunk(meta, ChunkKind::Text { text, lp: lp.take(), offset: 0 }, tok),
-            AnswerPiece::Reasoning(text) => responses::chunk(meta, ChunkKind::Reasoning(text), tok),
-            AnswerPiece::CallStart { index, name } => {
-                responses::chunk(meta, ChunkKind::Call(responses::call_start(*index, name)), tok)
-            }
-            AnswerPiece::CallArgs { index, fragment } => {
-                responses::chunk(meta, ChunkKind::Call(responses::call_args(*index, fragment)), tok)
-            }
-        })
-        .collect();
-    if let Some(t) = lp {
-        frames.push(responses::chunk(meta, ChunkKind::Text { text: "", lp: Some(t), offset: 0 }, tok));
-    }
-    frames
 }

@@ -10,6 +10,7 @@
 
 mod admin;
 mod answer;
+mod anthropic;
 mod body;
 mod conversation;
 mod errors;
@@ -17,8 +18,10 @@ mod http;
 mod input;
 mod requests;
 mod responses;
+mod responses_api;
 pub mod socket;
 mod stats;
+mod stream;
 mod structured;
 mod worker;
 

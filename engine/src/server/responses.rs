@@ -1,10 +1,9 @@
 //! OpenAI response objects built from generation events: the JSON bodies of
-//! non-streaming requests and the SSE chunks of streaming ones.
+//! non-streaming requests and the SSE chunks of streaming ones (`OpenAiRender`).
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use corral_protocol::ApiError;
 use corral_protocol::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceLogprobs, ChunkChoice, Completion,
     CompletionChoice, CompletionLogprobs, Delta, FunctionCall, FunctionCallDelta, TokenLogprob, ToolCall,
@@ -295,11 +294,77 @@ pub fn sse_done() -> Bytes {
     Bytes::from_static(b"data: [DONE]\n\n")
 }
 
-/// The terminal event of a stream that failed after it started.
-pub fn sse_error(e: &ApiError) -> Bytes {
-    Bytes::from(e.sse_event(corral_protocol::ApiShape::OpenAi))
-}
-
 fn json<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|e| format!(r#"{{"error":{{"message":"serialization failed: {e}"}}}}"#))
+}
+
+/// Chat completions and completions, as `stream::Render`.
+pub struct OpenAiRender {
+    pub meta: Meta,
+    pub engine: std::sync::Arc<crate::Engine>,
+    pub include_usage: bool,
+    /// Completions: byte offset of the next text in the output (for logprobs).
+    offset: usize,
+}
+
+impl OpenAiRender {
+    pub fn new(meta: Meta, engine: std::sync::Arc<crate::Engine>, include_usage: bool) -> Self {
+        Self { meta, engine, include_usage, offset: 0 }
+    }
+}
+
+impl super::stream::Render for OpenAiRender {
+    fn shape(&self) -> corral_protocol::ApiShape {
+        corral_protocol::ApiShape::OpenAi
+    }
+
+    fn open(&mut self) -> Vec<Bytes> {
+        match self.meta.route {
+            Route::Chat => vec![chunk(&self.meta, ChunkKind::Role, &self.engine.tokenizer)],
+            Route::Completion => Vec::new(),
+        }
+    }
+
+    /// A token's logprobs ride on its first text chunk, or on an empty one when the
+    /// token released no text yet.
+    fn pieces(&mut self, pieces: Vec<super::answer::AnswerPiece>, lp: Option<&TokenOut>) -> Vec<Bytes> {
+        use super::answer::AnswerPiece;
+        let tok = &self.engine.tokenizer;
+        let mut lp = lp;
+        let mut frames = Vec::with_capacity(pieces.len() + 1);
+        for p in &pieces {
+            frames.push(match p {
+                AnswerPiece::Text(text) => {
+                    let c = chunk(&self.meta, ChunkKind::Text { text, lp: lp.take(), offset: self.offset }, tok);
+                    self.offset += text.len();
+                    c
+                }
+                AnswerPiece::Reasoning(text) => chunk(&self.meta, ChunkKind::Reasoning(text), tok),
+                AnswerPiece::CallStart { index, name } => {
+                    chunk(&self.meta, ChunkKind::Call(call_start(*index, name)), tok)
+                }
+                AnswerPiece::CallArgs { index, fragment } => {
+                    chunk(&self.meta, ChunkKind::Call(call_args(*index, fragment)), tok)
+                }
+            });
+        }
+        if let Some(t) = lp {
+            frames.push(chunk(&self.meta, ChunkKind::Text { text: "", lp: Some(t), offset: self.offset }, tok));
+        }
+        frames
+    }
+
+    fn close(&mut self, o: &Outcome, made_calls: bool) -> Vec<Bytes> {
+        let tok = &self.engine.tokenizer;
+        let mut frames = vec![chunk(&self.meta, ChunkKind::Finish(finish_str(o, made_calls)), tok)];
+        if self.include_usage {
+            frames.push(chunk(&self.meta, ChunkKind::Usage(usage(o)), tok));
+        }
+        frames.push(sse_done());
+        frames
+    }
+
+    fn whole(&mut self, text: &str, answer: Answer, o: &Outcome, lp_tokens: &[TokenOut]) -> String {
+        final_body(&self.meta, text.to_owned(), answer, o, lp_tokens, &self.engine.tokenizer)
+    }
 }

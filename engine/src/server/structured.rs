@@ -3,9 +3,7 @@
 //! naming the field; everything else becomes a `Constraint` / `ToolRequest`.
 
 use corral_protocol::ApiError;
-use corral_protocol::openai::{
-    ChatCompletionRequest, ConstraintFields, ResponseFormat, StructuredOutputs, Tool, ToolChoice,
-};
+use corral_protocol::openai::{ChatCompletionRequest, ConstraintFields, ResponseFormat, StructuredOutputs, ToolChoice};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -121,16 +119,63 @@ pub fn tools(req: &ChatCompletionRequest) -> Result<Option<ToolRequest>, ApiErro
             Some(ToolMode::Named(n.function.name.clone()))
         }
     };
+    let specs = list
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.kind != "function" {
+                return Err(ApiError::invalid(
+                    &format!("tools[{i}].type"),
+                    format!("only function tools are supported (got {:?})", t.kind),
+                ));
+            }
+            let f = t.function.as_ref().ok_or_else(|| {
+                ApiError::invalid(&format!("tools[{i}].function"), "a function tool needs `function`")
+            })?;
+            Ok(ToolSpec {
+                name: &f.name,
+                description: f.description.as_deref(),
+                schema: f.parameters.as_ref(),
+                at: format!("tools[{i}].function"),
+                schema_key: "parameters",
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // One call per answer unless asked (llama.cpp's default too): small local models
+    // given the choice tend to repeat a call until they run out of tokens.
+    let parallel = req.parallel_tool_calls.unwrap_or(false);
+    tool_set(specs, mode, parallel, ("tool_choice", "tool_choice.function.name"))
+}
+
+/// A tool as any API names it, before validation.
+pub struct ToolSpec<'a> {
+    pub name: &'a str,
+    pub description: Option<&'a str>,
+    pub schema: Option<&'a Value>,
+    /// Where the tool is in the request (`tools[0].function`), for 400s.
+    pub at: String,
+    /// The schema's key (`parameters`, Anthropic's `input_schema`).
+    pub schema_key: &'static str,
+}
+
+/// Validate the tools a request offers under `mode` (`None`: no tools in play).
+/// `choice` names the tool-choice field and its tool-name field, for 400s.
+pub fn tool_set(
+    specs: Vec<ToolSpec<'_>>,
+    mode: Option<ToolMode>,
+    parallel: bool,
+    choice: (&str, &str),
+) -> Result<Option<ToolRequest>, ApiError> {
     let Some(mode) = mode else { return Ok(None) };
-    if list.is_empty() {
-        return Err(ApiError::invalid("tool_choice", "tool_choice asks for a tool call but `tools` is empty"));
+    if specs.is_empty() {
+        return Err(ApiError::invalid(choice.0, format!("{} asks for a tool call but `tools` is empty", choice.0)));
     }
-    let mut tools: Vec<ToolDef> = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let def = tool(i, t)?;
+    let mut tools: Vec<ToolDef> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let def = tool_def(&spec)?;
         if tools.iter().any(|d| d.name == def.name) {
             return Err(ApiError::invalid(
-                &format!("tools[{i}].function.name"),
+                &format!("{}.name", spec.at),
                 format!("tool {:?} is listed twice", def.name),
             ));
         }
@@ -139,47 +184,33 @@ pub fn tools(req: &ChatCompletionRequest) -> Result<Option<ToolRequest>, ApiErro
     if let ToolMode::Named(n) = &mode
         && !tools.iter().any(|t| &t.name == n)
     {
-        return Err(ApiError::invalid(
-            "tool_choice.function.name",
-            format!("tool_choice names {n:?}, which is not in `tools`"),
-        ));
+        return Err(ApiError::invalid(choice.1, format!("{} names {n:?}, which is not in `tools`", choice.0)));
     }
-    // One call per answer unless asked (llama.cpp's default too): small local models
-    // given the choice tend to repeat a call until they run out of tokens.
-    Ok(Some(ToolRequest { tools, mode, parallel: req.parallel_tool_calls.unwrap_or(false) }))
+    Ok(Some(ToolRequest { tools, mode, parallel }))
 }
 
-fn tool(i: usize, t: &Tool) -> Result<ToolDef, ApiError> {
-    if t.kind != "function" {
-        return Err(ApiError::invalid(
-            &format!("tools[{i}].type"),
-            format!("only function tools are supported (got {:?})", t.kind),
-        ));
-    }
-    let f = t
-        .function
-        .as_ref()
-        .ok_or_else(|| ApiError::invalid(&format!("tools[{i}].function"), "a function tool needs `function`"))?;
-    let name_ok = !f.name.is_empty()
-        && f.name.len() <= 64
-        && f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+fn tool_def(spec: &ToolSpec<'_>) -> Result<ToolDef, ApiError> {
+    let name = spec.name;
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
     if !name_ok {
         return Err(ApiError::invalid(
-            &format!("tools[{i}].function.name"),
-            format!("function names are 1-64 characters of a-z, A-Z, 0-9, _, - and . (got {:?})", f.name),
+            &format!("{}.name", spec.at),
+            format!("function names are 1-64 characters of a-z, A-Z, 0-9, _, - and . (got {name:?})"),
         ));
     }
-    let parameters = match &f.parameters {
+    let parameters = match spec.schema {
         None => serde_json::json!({"type": "object", "properties": {}}),
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
             return Err(ApiError::invalid(
-                &format!("tools[{i}].function.parameters"),
-                "parameters must be a JSON Schema object",
+                &format!("{}.{}", spec.at, spec.schema_key),
+                format!("{} must be a JSON Schema object", spec.schema_key),
             ));
         }
     };
-    Ok(ToolDef { name: f.name.clone(), description: f.description.clone(), parameters })
+    Ok(ToolDef { name: name.to_owned(), description: spec.description.map(str::to_owned), parameters })
 }
 
 #[cfg(test)]
