@@ -1,7 +1,9 @@
 """The official `openai` Python SDK against a running `corral serve`: structured output
 with a Pydantic model (`chat.completions.parse`), a tool round trip (call -> tool
 result -> answer), the SDK's own streaming helper reassembling a tool call, and a
-constraint that cannot be enforced (its Warning header). Exits non-zero on failure.
+constraint that cannot be enforced (its Warning header); then the Responses API:
+`responses.create`, streamed responses, function calling, `previous_response_id`.
+Exits non-zero on failure.
 
 Usage: openai_sdk.py BASE_URL MODEL [MODEL ...]
 """
@@ -99,12 +101,49 @@ def run(client: OpenAI, model: str):
     check(raw.headers.get("warning", "").startswith('299 - "grammar not enforced'), f"{model}: Warning header")
 
 
+def run_responses(client: OpenAI, model: str):
+    r = client.responses.create(
+        model=model, input="What is the capital of France?", instructions="Answer briefly.", max_output_tokens=30, temperature=0
+    )
+    check(r.object == "response" and r.output_text, f"{model}: responses.create: {r.output_text!r}")
+
+    with client.responses.stream(
+        model=model, input="What is the capital of France?", instructions="Answer briefly.", max_output_tokens=30, temperature=0
+    ) as s:
+        deltas = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        final = s.get_final_response()
+    check(deltas == final.output_text == r.output_text, f"{model}: streamed response has the same text")
+
+    tools = [{"type": "function", "name": "get_weather", "description": "Current weather for a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                             "required": ["city"], "additionalProperties": False}, "strict": True}]
+    c = client.responses.create(model=model, input="What is the weather in Paris?", tools=tools, tool_choice="required",
+                                temperature=0, max_output_tokens=60)
+    calls = [i for i in c.output if i.type == "function_call"]
+    check(len(calls) == 1 and calls[0].name == "get_weather", f"{model}: a function_call item")
+    args = json.loads(calls[0].arguments)
+    check(isinstance(args.get("city"), str), f"{model}: arguments {args}")
+    a = client.responses.create(model=model, tools=tools, tool_choice="none", temperature=0, max_output_tokens=40,
+                                input=[{"role": "user", "content": "What is the weather in Paris?"}, calls[0],
+                                       {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18C"}])
+    check(a.output_text and not [i for i in a.output if i.type == "function_call"], f"{model}: answers after the output")
+
+    first = client.responses.create(model=model, input="My name is Ada.", max_output_tokens=20, temperature=0)
+    second = client.responses.create(model=model, input="What is my name?", previous_response_id=first.id,
+                                     max_output_tokens=20, temperature=0)
+    check(second.previous_response_id == first.id, f"{model}: previous_response_id echoed")
+    check(second.usage.input_tokens > first.usage.input_tokens, f"{model}: the stored conversation is in the prompt")
+    got = client.responses.retrieve(second.id)
+    check(got.id == second.id and got.output_text == second.output_text, f"{model}: responses.retrieve")
+
+
 def main():
     base, models = sys.argv[1], sys.argv[2:]
     client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
     print(f"openai {openai.__version__}")
     for m in models:
         run(client, m)
+        run_responses(client, m)
     print("openai SDK: all checks passed")
 
 
