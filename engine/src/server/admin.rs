@@ -14,8 +14,9 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::app::App;
 use super::body::Body;
-use super::http::{App, error_response, json_response};
+use super::respond::{error_response, json_response};
 use super::stats::Shown;
 
 /// After a drain deadline cuts requests, how long they get to notice.

@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::answer::{Answer, AnswerPiece};
 use super::conversation::Turn;
 use super::input::ChatInput;
+use super::respond::new_id;
 use super::stream::{Render, named_event};
 use super::structured::{ToolSpec, tool_set};
 use crate::generate::{FinishReason, Outcome, TokenOut};
@@ -210,10 +211,6 @@ fn tools(req: &MessagesRequest) -> Result<Option<crate::tools::ToolRequest>, Api
 pub fn count_request(req: &MessagesRequest) -> MessagesRequest {
     // count_tokens takes no max_tokens; any value makes the request complete.
     MessagesRequest { max_tokens: Some(1), stream: None, ..req.clone() }
-}
-
-fn new_id(prefix: &str) -> String {
-    format!("{prefix}_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
 }
 
 fn stop_reason(o: &Outcome, made_calls: bool) -> (&'static str, Option<String>) {

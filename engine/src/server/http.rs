@@ -5,11 +5,8 @@
 //! not delay `/health` or `/admin/drain`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
-use corral_net::gauge::Gauge;
 use corral_protocol::anthropic::{MessagesRequest, TokenCount};
 use corral_protocol::openai::{Capabilities, GenDefaults, ModelCard, ModelList};
 use corral_protocol::responses::ResponsesRequest;
@@ -21,47 +18,16 @@ use tokio::sync::mpsc;
 
 use super::admin;
 use super::anthropic::{self, AnthropicRender};
+use super::app::App;
 use super::body::Body;
 use super::input;
-use super::requests::{self, EffectiveDefaults, Validated};
+use super::requests::{self, Validated};
+use super::respond::{error_response, error_response_in, json_response};
 use super::responses::{Meta, OpenAiRender, Route};
 use super::responses_api::{self, ResponsesRender};
-use super::stats::Stats;
 use super::stream;
-use super::worker::{Job, Worker};
-use crate::Engine;
+use super::worker::Job;
 use crate::chat::TemplateSource;
-
-pub struct App {
-    pub engine: Arc<Engine>,
-    pub worker: Worker,
-    pub cache: Arc<crate::cache::PromptCache>,
-    pub stats: Arc<Stats>,
-    pub model_id: String,
-    pub ctx: usize,
-    pub max_queue: usize,
-    pub max_body_bytes: usize,
-    pub defaults: EffectiveDefaults,
-    pub created: u64,
-    pub default_drain: Duration,
-    /// Set once a drain begins: generation requests are refused from then on.
-    pub draining: AtomicBool,
-    /// Generation requests admitted and not yet answered (a drain waits on it).
-    pub work: Arc<Gauge>,
-}
-
-pub fn error_response(e: &ApiError) -> Response<Body> {
-    error_response_in(e, ApiShape::OpenAi)
-}
-
-/// An error response in one API's shape.
-pub fn error_response_in(e: &ApiError, shape: ApiShape) -> Response<Body> {
-    corral_net::respond::error_response(e, shape)
-}
-
-pub fn json_response(body: impl Into<Bytes>) -> Response<Body> {
-    corral_net::respond::json_response(body)
-}
 
 /// The engine's operations, parsed once per request.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -218,7 +184,7 @@ enum Parsed {
 fn validate(app: &App, api: Api, bytes: &[u8], expanded: bool) -> Result<(Validated, Parsed), ApiError> {
     let (e, d, ctx) = (&app.engine, &app.defaults, app.ctx);
     Ok(match api {
-        Api::Chat => (requests::chat(&parse_json(bytes)?, e, d, ctx)?, Parsed::OpenAi(Route::Chat)),
+        Api::Chat => (input::chat(input::from_openai(&parse_json(bytes)?)?, e, d, ctx)?, Parsed::OpenAi(Route::Chat)),
         Api::Completion => (requests::completion(&parse_json(bytes)?, e, d, ctx)?, Parsed::OpenAi(Route::Completion)),
         Api::Messages => (input::chat(anthropic::input(&parse_json(bytes)?)?, e, d, ctx)?, Parsed::Messages),
         Api::Responses => {

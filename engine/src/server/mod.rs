@@ -11,12 +11,14 @@
 mod admin;
 mod answer;
 mod anthropic;
+mod app;
 mod body;
 mod conversation;
 mod errors;
 mod http;
 mod input;
 mod requests;
+mod respond;
 mod responses;
 mod responses_api;
 pub mod socket;
@@ -80,7 +82,7 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
         crate::cache::PromptCache::new(cfg.cache.clone(), engine.model.kv_shape(), Some(engine.cache_identity()));
     let worker = worker::Worker::spawn(engine.clone(), cache.clone(), cfg.ctx, cfg.max_queue, stats.clone())?;
     let model_defaults = model_defaults(&engine);
-    let app = Arc::new(http::App {
+    let app = Arc::new(app::App {
         defaults: requests::EffectiveDefaults::new(&cfg.defaults, &model_defaults),
         engine,
         worker,
@@ -90,7 +92,7 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
         ctx: cfg.ctx,
         max_queue: cfg.max_queue,
         max_body_bytes: cfg.max_body_bytes,
-        created: responses::unix_now(),
+        created: respond::unix_now(),
         default_drain: cfg.drain_timeout,
         draining: AtomicBool::new(false),
         work: Gauge::new(),
@@ -107,7 +109,7 @@ fn model_defaults(engine: &Engine) -> ModelSamplingDefaults {
 }
 
 async fn serve(
-    app: Arc<http::App>,
+    app: Arc<app::App>,
     listener: std::os::unix::net::UnixListener,
     cfg: &ServerConfig,
     load_ms: u64,

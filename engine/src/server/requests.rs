@@ -8,12 +8,11 @@
 //! ignored: the request carries a warning (sent as a `Warning` header) and, for chat,
 //! the system turn states the required output.
 
-use corral_protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingFields};
+use corral_protocol::openai::{CompletionRequest, Prompt, SamplingFields};
 use corral_protocol::{ApiError, ErrorKind};
 use llguidance::api::TopLevelGrammar;
 
 use super::answer::Reading;
-use super::input;
 use super::structured;
 use crate::Engine;
 use crate::generate::GenerateParams;
@@ -244,16 +243,6 @@ pub(super) fn compile(
 
 pub(super) fn tokenize(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
     engine.tokenizer.encode(text, true).map_err(|e| ApiError::from(&e))
-}
-
-/// OpenAI chat completions: the request in the common shape, then `input::chat`.
-pub fn chat(
-    req: &ChatCompletionRequest,
-    engine: &Engine,
-    d: &EffectiveDefaults,
-    ctx: usize,
-) -> Result<Validated, ApiError> {
-    input::chat(input::from_openai(req)?, engine, d, ctx)
 }
 
 pub fn completion(

@@ -12,6 +12,7 @@ use corral_protocol::openai::{
 use serde::Serialize;
 
 use super::answer::Answer;
+use super::respond::{new_id, unix_now};
 use crate::generate::{FinishReason, Outcome, TokenOut};
 use crate::tokenizer::Tokenizer;
 
@@ -40,10 +41,6 @@ impl Meta {
     }
 }
 
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 pub fn usage(o: &Outcome) -> Usage {
     Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens)
 }
@@ -58,16 +55,11 @@ pub fn finish_str(o: &Outcome, made_calls: bool) -> String {
     .to_owned()
 }
 
-/// A tool-call id in OpenAI's style.
-pub fn call_id() -> String {
-    format!("call_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
-}
-
 /// The first streamed delta of a call: its id, type and name.
 pub fn call_start(index: usize, name: &str) -> ToolCallDelta {
     ToolCallDelta {
         index,
-        id: Some(call_id()),
+        id: Some(new_id("call")),
         kind: Some("function".into()),
         function: FunctionCallDelta { name: Some(name.to_owned()), arguments: Some(String::new()) },
     }
@@ -144,7 +136,7 @@ pub fn final_body(
                 .calls
                 .into_iter()
                 .map(|c| ToolCall {
-                    id: call_id(),
+                    id: new_id("call"),
                     kind: "function".into(),
                     function: FunctionCall { name: c.name, arguments: c.arguments },
                 })

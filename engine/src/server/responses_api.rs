@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::answer::{Answer, AnswerPiece};
 use super::conversation::Turn;
 use super::input::{ChatInput, effort};
+use super::respond::{new_id, unix_now};
 use super::stream::{Render, named_event};
 use super::structured::{ToolSpec, tool_set};
 use crate::generate::{FinishReason, Outcome, TokenOut};
@@ -223,10 +224,6 @@ fn text_format(req: &ResponsesRequest) -> Result<Option<Constraint>, ApiError> {
     }
 }
 
-fn new_id(prefix: &str) -> String {
-    format!("{prefix}_{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
-}
-
 /// The answer as a response object and as the Responses event stream.
 pub struct ResponsesRender {
     base: Response,
@@ -244,7 +241,7 @@ impl ResponsesRender {
         let base = Response {
             id: new_id("resp"),
             object: "response".into(),
-            created_at: super::responses::unix_now(),
+            created_at: unix_now(),
             status: "in_progress".into(),
             model: model.to_owned(),
             output: Vec::new(),

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::answer::{Answer, AnswerPiece, Reading};
 use super::body::Body;
-use super::http::{error_response_in, json_response};
+use super::respond::{error_response_in, json_response};
 use super::worker::Event;
 use crate::generate::{FinishReason, Outcome, TokenOut};
 
