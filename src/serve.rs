@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use corral_gateway::GatewayConfig;
+use corral_gateway::{GatewayConfig, StoreConfig};
 use corral_net::dirs::{self, Access, SocketState};
 use corral_pool::registry::{self, ModelEntry};
 use corral_pool::{Pool, PoolConfig};
@@ -84,12 +84,28 @@ pub struct ServeArgs {
     no_ssd_cache: bool,
     #[command(flatten)]
     cache: crate::engine_cmd::CacheArgs,
+    /// Where stored Responses (`previous_response_id`) are kept across restarts
+    /// (default <user cache dir>/corral/responses).
+    #[arg(long, value_name = "DIR", env = "CORRAL_RESPONSES_DIR")]
+    responses_dir: Option<PathBuf>,
+    /// Stored Responses kept at most (oldest go first).
+    #[arg(long, default_value_t = 10_000)]
+    responses_max: usize,
+    /// Bytes of stored Responses kept at most, in MB (they are held in memory too).
+    #[arg(long, default_value_t = 256.0)]
+    responses_max_mb: f64,
+    /// Stored Responses older than this are dropped (e.g. 30d, 12h).
+    #[arg(long, default_value = "30d", value_parser = parse_duration)]
+    responses_ttl: Duration,
+    /// Accepted for mlx-bun command lines: every engine is already its own process.
+    #[arg(long, hide = true)]
+    isolate: bool,
     /// The engine executable (default: this binary). For tests.
     #[arg(long, hide = true, env = "CORRAL_ENGINE_BIN")]
     engine_bin: Option<PathBuf>,
 }
 
-/// `90`, `90s`, `500ms`, `5m`, `2h`.
+/// `90`, `90s`, `500ms`, `5m`, `2h`, `30d`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
@@ -99,7 +115,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "ms" => n / 1000.0,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m or h)")),
+        "d" => n * 86400.0,
+        _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m, h or d)")),
     };
     Ok(Duration::from_secs_f64(secs))
 }
@@ -160,6 +177,9 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
+    if args.isolate {
+        tracing::debug!("--isolate: every engine is its own process already");
+    }
     let models = model_entries(&args)?;
     let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
     let ssd_dir = (!args.no_ssd_cache).then(|| args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir));
@@ -200,6 +220,12 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         drain_timeout: args.drain_timeout,
         stats_timeout: Duration::from_millis(500),
         preload,
+        responses: StoreConfig {
+            dir: Some(args.responses_dir.clone().unwrap_or_else(|| registry::user_cache_dir().join("corral").join("responses"))),
+            max_count: args.responses_max,
+            max_bytes: (args.responses_max_mb.max(0.0) * 1e6) as u64,
+            ttl: args.responses_ttl,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
@@ -220,6 +246,7 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("30d").unwrap(), Duration::from_secs(30 * 86400));
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("").is_err());
     }

@@ -1,4 +1,5 @@
-//! The gateway's shared state: its configuration, the pool, its counters, and the two
+//! The gateway's shared state: its configuration, the pool, its counters, the stored
+//! Responses, and the two
 //! controls shutdown uses — the stop token (no new work is admitted once it is
 //! cancelled) and the in-flight gauge (every proxied request, from admission until its
 //! last byte is out, so shutdown waits for exactly the work that exists).
@@ -13,6 +14,7 @@ use corral_net::gauge::Gauge;
 use corral_pool::Pool;
 
 use crate::stats::GatewayStats;
+use crate::stored::{ResponseStore, StoreConfig};
 
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
@@ -28,12 +30,15 @@ pub struct GatewayConfig {
     pub stats_timeout: Duration,
     /// Start these models' engines at startup.
     pub preload: Vec<String>,
+    /// Stored Responses (`previous_response_id`).
+    pub responses: StoreConfig,
 }
 
 pub struct App {
     pub cfg: GatewayConfig,
     pub pool: Pool,
     pub stats: GatewayStats,
+    pub responses: Arc<ResponseStore>,
     /// Cancelled when shutdown begins.
     pub stop: CancellationToken,
     /// Proxied requests in progress.
@@ -43,9 +48,11 @@ pub struct App {
 
 impl App {
     pub fn new(cfg: GatewayConfig, pool: Pool) -> Arc<Self> {
+        let responses = Arc::new(ResponseStore::open(cfg.responses.clone()));
         Arc::new(Self {
             cfg,
             pool,
+            responses,
             stats: GatewayStats::new(),
             stop: CancellationToken::new(),
             in_flight: Gauge::new(),

@@ -3,8 +3,10 @@
 //! body ends or the client goes away, which also drops the engine connection so the
 //! engine cancels), and turns an engine failure mid-body into the documented ending:
 //! for SSE a final `data: {"error":…}` event and then an aborted body (no `[DONE]`, no
-//! terminating chunk); otherwise an aborted body. It also holds the request's in-flight
-//! guard, so shutdown waits until the last byte is out.
+//! terminating chunk); otherwise an aborted body. The terminal event is written in the
+//! route's API shape. It also holds the request's in-flight guard, so shutdown waits
+//! until the last byte is out, and an optional `Tap` that sees every data frame before
+//! the client does (stored Responses capture their answer with it).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,6 +36,13 @@ impl From<Bytes> for Body {
     }
 }
 
+/// Sees each data frame of a pass-through body before it is handed on, and its clean
+/// end.
+pub trait Tap: Send {
+    fn data(&mut self, chunk: &Bytes);
+    fn end(&mut self);
+}
+
 /// Told about a failure after the head (the proxy applies `proxy_error`'s table: count
 /// it, recycle the engine if it is to blame).
 pub type OnFailure = Box<dyn FnOnce(&ProxyError) + Send>;
@@ -44,8 +53,10 @@ pub struct ProxyBody {
     lease: Option<Lease>,
     guard: Option<Guard>,
     sse: bool,
+    shape: ApiShape,
     stall: Duration,
     on_failure: Option<OnFailure>,
+    tap: Option<Box<dyn Tap>>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     state: PassState,
 }
@@ -58,22 +69,27 @@ enum PassState {
     Done,
 }
 
+/// How a pass-through body ends when the engine fails mid-body.
+pub struct Ending {
+    /// The client asked for (or got) an event stream: a terminal error event first.
+    pub sse: bool,
+    /// The API shape of that event.
+    pub shape: ApiShape,
+    pub stall: Duration,
+    pub on_failure: OnFailure,
+}
+
 impl ProxyBody {
-    pub fn new(
-        upstream: Incoming,
-        lease: Lease,
-        guard: Guard,
-        sse: bool,
-        stall: Duration,
-        on_failure: OnFailure,
-    ) -> Self {
+    pub fn new(upstream: Incoming, lease: Lease, guard: Guard, ending: Ending, tap: Option<Box<dyn Tap>>) -> Self {
         Self {
             upstream,
             lease: Some(lease),
             guard: Some(guard),
-            sse,
-            stall,
-            on_failure: Some(on_failure),
+            sse: ending.sse,
+            shape: ending.shape,
+            stall: ending.stall,
+            on_failure: Some(ending.on_failure),
+            tap,
             timer: None,
             state: PassState::Open,
         }
@@ -96,7 +112,7 @@ impl ProxyBody {
         {
             self.state = PassState::ErrorSent;
             self.timer = None;
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from(api.sse_event(ApiShape::OpenAi))))))
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(api.sse_event(self.shape))))))
         } else {
             self.finish();
             Poll::Ready(Some(Err(err.to_string().into())))
@@ -130,10 +146,16 @@ impl HttpBody for Body {
         match Pin::new(&mut p.upstream).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 p.timer = None;
+                if let (Some(tap), Some(data)) = (p.tap.as_mut(), frame.data_ref()) {
+                    tap.data(data);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => p.fail(ProxyError::new(Kind::Body, e)),
             Poll::Ready(None) => {
+                if let Some(tap) = p.tap.as_mut() {
+                    tap.end();
+                }
                 p.finish();
                 Poll::Ready(None)
             }

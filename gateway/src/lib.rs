@@ -6,8 +6,11 @@
 //! Layout, one job per file: `app` (shared state and config), `routes` (the route table,
 //! request spans, dispatch), `respond` (the one error → HTTP site), `proxy` (forwarding)
 //! with `proxy_error` (what can fail and what follows) and `body` (pass-through bodies),
-//! `monitor` (`/stats`), `stats` (counters), `server` (process lifetime and shutdown).
-//! Dependencies point one way: `server → routes → {proxy, monitor} → {body, respond}`.
+//! `monitor` (`/stats`), `stats` (counters), `stored` (the Responses store: bounds and
+//! persistence) with `stored_routes` (`previous_response_id` expansion, capturing
+//! answers, `GET`/`DELETE /v1/responses/{id}`), `server` (process lifetime and shutdown).
+//! Dependencies point one way:
+//! `server → routes → {proxy, monitor, stored_routes} → {body, respond, stored}`.
 
 pub mod app;
 pub mod body;
@@ -18,6 +21,9 @@ pub mod respond;
 pub mod routes;
 pub mod server;
 pub mod stats;
+pub mod stored;
+pub mod stored_routes;
 
 pub use app::GatewayConfig;
+pub use stored::StoreConfig;
 pub use server::run;

@@ -15,14 +15,16 @@ use corral_net::body::read_limited;
 use corral_net::gauge::Guard;
 use corral_pool::Lease;
 use corral_pool::unix_http;
-use corral_protocol::{ApiError, ErrorKind};
+use corral_protocol::{ApiError, ApiShape, ErrorKind};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
 use crate::app::App;
-use crate::body::{Body, ProxyBody};
+use crate::body::{Body, Ending, ProxyBody, Tap};
 use crate::proxy_error::{Kind, ProxyError};
+use crate::routes::Route;
+use crate::stored_routes::{self, Capture};
 use crate::respond;
 
 /// Headers that describe one hop, not the message.
@@ -51,18 +53,28 @@ struct Routing {
     stream: Option<serde_json::Value>,
 }
 
-pub async fn forward(app: Arc<App>, req: Request<Incoming>, guard: Guard) -> Response<Body> {
-    let (parts, body) = match read_limited(req, app.cfg.max_body_bytes).await {
+pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard: Guard) -> Response<Body> {
+    let shape = route.shape();
+    let (mut parts, body) = match read_limited(req, app.cfg.max_body_bytes).await {
         Ok(x) => x,
-        Err(e) => return respond::error(&e.into()),
+        Err(e) => return respond::error(shape, &e.into()),
     };
     // Only `model` is read; anything else about the body is the engine's to judge.
     let (model, sse_wanted) = match serde_json::from_slice::<Routing>(&body) {
         Ok(r) => (r.model, r.stream.and_then(|s| s.as_bool()).unwrap_or(false)),
         Err(e) if app.pool.default_model().is_none() => {
-            return respond::error(&ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
+            return respond::error(shape, &ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
         }
         Err(_) => (None, false),
+    };
+    // Responses: the stored conversation goes in, the answer is captured on its way out.
+    let (body, mut capture) = if route == Route::Responses {
+        match stored_routes::prepare(&app.responses, &mut parts.headers, body) {
+            Ok(p) => (p.body, p.capture),
+            Err(e) => return respond::error(shape, &e),
+        }
+    } else {
+        (body, None)
     };
     if let Some(m) = &model {
         tracing::Span::current().record("model", m.as_str());
@@ -71,23 +83,23 @@ pub async fn forward(app: Arc<App>, req: Request<Incoming>, guard: Guard) -> Res
     loop {
         let lease = match app.pool.lease_avoiding(model.as_deref(), refused_by).await {
             Ok(l) => l,
-            Err(e) => return respond::error(&e.into()),
+            Err(e) => return respond::error(shape, &e.into()),
         };
         match send(&app, &lease, &parts, body.clone()).await {
-            Ok(resp) => return pass_through(&app, resp, lease, guard, sse_wanted),
+            Ok(resp) => return pass_through(&app, resp, lease, guard, (sse_wanted, shape), capture.take()),
             Err(e) if e.kind.retry() && refused_by.is_none() => {
                 // Nothing reached the engine (it died or is being replaced): wait for one
                 // that is not this process, and send it there.
                 tracing::info!(model = %lease.model, pid = lease.pid, error = %e, "engine unreachable; retrying once");
                 refused_by = Some(lease.pid);
             }
-            Err(e) => return fail(&app, &lease, e),
+            Err(e) => return fail(&app, &lease, e, shape),
         }
     }
 }
 
 /// Apply the table to a failure before the head: count, recycle, answer.
-fn fail(app: &App, lease: &Lease, e: ProxyError) -> Response<Body> {
+fn fail(app: &App, lease: &Lease, e: ProxyError, shape: ApiShape) -> Response<Body> {
     tracing::warn!(model = %lease.model, pid = lease.pid, error = %e, "proxying failed");
     if e.kind.side() != crate::proxy_error::Side::Downstream {
         app.stats.proxy_errors.fetch_add(1, Ordering::Relaxed);
@@ -96,7 +108,7 @@ fn fail(app: &App, lease: &Lease, e: ProxyError) -> Response<Body> {
         app.pool.recycle(&lease.model, lease.pid);
     }
     let api = e.to_api().unwrap_or_else(|| ApiError::new(ErrorKind::Internal, e.to_string()));
-    respond::error(&api)
+    respond::error(shape, &api)
 }
 
 /// The request as the engine gets it: same method, path, headers (minus hop-by-hop)
@@ -137,16 +149,23 @@ fn pass_through(
     resp: Response<Incoming>,
     lease: Lease,
     guard: Guard,
-    sse_wanted: bool,
+    (sse_wanted, shape): (bool, ApiShape),
+    capture: Option<Capture>,
 ) -> Response<Body> {
     let (mut parts, upstream) = resp.into_parts();
     strip_hop(&mut parts.headers);
-    let sse = sse_wanted
-        || parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+    let sse_answer = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let sse = sse_wanted || sse_answer;
+    // Only a successful answer is stored.
+    let tap = capture.filter(|_| parts.status.is_success()).map(|mut c| {
+        let len = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+        c.expect_len(if sse_answer { None } else { Some(len.unwrap_or(usize::MAX)) });
+        Box::new(c) as Box<dyn Tap>
+    });
     let (app2, model, pid) = (app.clone(), lease.model.clone(), lease.pid);
     let on_failure = Box::new(move |e: &ProxyError| {
         tracing::warn!(model = %model, pid, error = %e, "engine response failed mid-body");
@@ -155,7 +174,8 @@ fn pass_through(
             app2.pool.recycle(&model, pid);
         }
     });
-    let body = ProxyBody::new(upstream, lease, guard, sse, app.cfg.stall_timeout, on_failure);
+    let ending = Ending { sse, shape, stall: app.cfg.stall_timeout, on_failure };
+    let body = ProxyBody::new(upstream, lease, guard, ending, tap);
     Response::from_parts(parts, Body::Proxy(Box::new(body)))
 }
 

@@ -1,17 +1,18 @@
 //! The gateway's routes, parsed once per request into a `Route`: which handler runs, the
-//! method it allows, the label it is counted under, and the request's tracing span.
-//! `/admin/*` exists only on engine sockets and is never served here.
+//! methods it allows, the API shape its errors are written in, the label it is counted
+//! under, and the request's tracing span. `/admin/*` exists only on engine sockets and
+//! is never served here.
 
 use std::sync::Arc;
 
-use corral_protocol::{ApiError, ErrorKind};
+use corral_protocol::{ApiError, ApiShape, ErrorKind};
 use http::{HeaderValue, Method, Request, Response, header};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::app::App;
 use crate::body::Body;
-use crate::{monitor, proxy, respond};
+use crate::{monitor, proxy, respond, stored_routes};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -23,9 +24,16 @@ pub enum Route {
     Completions,
     /// A chat request's rendered prompt (`docs/api.md`), answered by the engine.
     ApplyTemplate,
+    /// Anthropic Messages.
+    Messages,
+    CountTokens,
+    /// OpenAI Responses (stored responses and `previous_response_id` are handled here).
+    Responses,
+    /// `GET`/`DELETE /v1/responses/{id}`: the gateway's store, no engine involved.
+    StoredResponse,
 }
 
-const ALL: [Route; 7] = [
+const ALL: [Route; 11] = [
     Route::Health,
     Route::Engine,
     Route::Stats,
@@ -33,7 +41,14 @@ const ALL: [Route; 7] = [
     Route::ChatCompletions,
     Route::Completions,
     Route::ApplyTemplate,
+    Route::Messages,
+    Route::CountTokens,
+    Route::Responses,
+    Route::StoredResponse,
 ];
+
+/// Where stored responses are addressed: `/v1/responses/{id}`.
+const STORED_PREFIX: &str = "/v1/responses/";
 
 impl Route {
     pub fn path(self) -> &'static str {
@@ -45,21 +60,59 @@ impl Route {
             Route::ChatCompletions => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
             Route::ApplyTemplate => "/apply-template",
+            Route::Messages => "/v1/messages",
+            Route::CountTokens => "/v1/messages/count_tokens",
+            Route::Responses => "/v1/responses",
+            // The label it is counted under; the id is not part of it.
+            Route::StoredResponse => "/v1/responses/{id}",
         }
     }
 
-    pub fn method(self) -> Method {
-        if self.proxied() { Method::POST } else { Method::GET }
+    /// The `Allow` header: the methods the route takes.
+    pub fn allow(self) -> &'static str {
+        match self {
+            _ if self.proxied() => "POST",
+            Route::StoredResponse => "GET, DELETE",
+            _ => "GET",
+        }
+    }
+
+    pub fn allows(self, method: &Method) -> bool {
+        self.allow().split(", ").any(|m| m == method.as_str())
     }
 
     /// Forwarded to the model's engine.
     pub fn proxied(self) -> bool {
-        matches!(self, Route::ChatCompletions | Route::Completions | Route::ApplyTemplate)
+        matches!(
+            self,
+            Route::ChatCompletions
+                | Route::Completions
+                | Route::ApplyTemplate
+                | Route::Messages
+                | Route::CountTokens
+                | Route::Responses
+        )
+    }
+
+    /// The wire shape of the errors this route answers with.
+    pub fn shape(self) -> ApiShape {
+        match self {
+            Route::Messages | Route::CountTokens => ApiShape::Anthropic,
+            Route::Responses | Route::StoredResponse => ApiShape::Responses,
+            _ => ApiShape::OpenAi,
+        }
     }
 
     pub fn parse(method: &Method, path: &str) -> Result<Route, Refused> {
-        let route = ALL.into_iter().find(|r| r.path() == path).ok_or_else(|| Refused::NotFound(path.to_owned()))?;
-        if *method != route.method() {
+        let stored = path.strip_prefix(STORED_PREFIX).is_some_and(|id| !id.is_empty() && !id.contains('/'));
+        let route = if stored {
+            Route::StoredResponse
+        } else {
+            ALL.into_iter()
+                .find(|r| *r != Route::StoredResponse && r.path() == path)
+                .ok_or_else(|| Refused::NotFound(path.to_owned()))?
+        };
+        if !route.allows(method) {
             return Err(Refused::Method { route, method: method.clone() });
         }
         Ok(route)
@@ -85,12 +138,14 @@ impl Refused {
 
     fn response(&self) -> Response<Body> {
         match self {
-            Refused::NotFound(path) => respond::error(&ApiError::new(ErrorKind::NotFound, format!("no route {path}"))),
+            Refused::NotFound(path) => {
+                let shape = if path.starts_with("/v1/messages") { ApiShape::Anthropic } else { ApiShape::OpenAi };
+                respond::error(shape, &ApiError::new(ErrorKind::NotFound, format!("no route {path}")))
+            }
             Refused::Method { route, method } => {
                 let msg = format!("{method} is not allowed on {}", route.path());
-                let mut r = respond::error(&ApiError::new(ErrorKind::MethodNotAllowed, msg));
-                let allow = if route.proxied() { "POST" } else { "GET" };
-                r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+                let mut r = respond::error(route.shape(), &ApiError::new(ErrorKind::MethodNotAllowed, msg));
+                r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(route.allow()));
                 r
             }
         }
@@ -121,15 +176,17 @@ async fn dispatch(app: &Arc<App>, route: Route, req: Request<Incoming>) -> Respo
         Route::Engine => respond::json(serde_json::to_string(&app.pool.snapshot()).unwrap_or_default()),
         Route::Models => respond::json(serde_json::to_string(&app.pool.models()).unwrap_or_default()),
         Route::Stats => monitor::stats_route(app).await,
-        Route::ChatCompletions | Route::Completions | Route::ApplyTemplate => {
+        Route::StoredResponse => stored_routes::by_id(app, req.method(), req.uri().path()),
+        _ => {
             if app.stop.is_cancelled() {
-                let mut r = respond::error(&ApiError::new(ErrorKind::ShuttingDown, "the server is shutting down"));
+                let e = ApiError::new(ErrorKind::ShuttingDown, "the server is shutting down");
+                let mut r = respond::error(route.shape(), &e);
                 r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 return r;
             }
             // Counted from here until the response's last byte: shutdown waits on it.
             let guard = app.in_flight.enter();
-            proxy::forward(app.clone(), req, guard).await
+            proxy::forward(app.clone(), route, req, guard).await
         }
     }
 }
@@ -140,15 +197,38 @@ mod tests {
 
     #[test]
     fn every_route_parses_with_its_method_only() {
-        for r in ALL {
-            assert_eq!(Route::parse(&r.method(), r.path()), Ok(r));
-            let other = if r.method() == Method::GET { Method::POST } else { Method::GET };
+        for r in ALL.into_iter().filter(|r| *r != Route::StoredResponse) {
+            let method = if r.proxied() { Method::POST } else { Method::GET };
+            assert_eq!(Route::parse(&method, r.path()), Ok(r));
+            let other = if r.proxied() { Method::GET } else { Method::POST };
             assert_eq!(Route::parse(&other, r.path()), Err(Refused::Method { route: r, method: other.clone() }));
         }
-        for path in ["/admin/drain", "/admin/stats", "/", "/v1/chat/completions/"] {
+        for path in ["/admin/drain", "/admin/stats", "/", "/v1/chat/completions/", "/v1/responses/", "/v1/responses/a/b"] {
             assert_eq!(Route::parse(&Method::GET, path), Err(Refused::NotFound(path.to_owned())), "{path}");
         }
-        assert!(Route::ChatCompletions.proxied() && !Route::Stats.proxied());
+        assert!(Route::ChatCompletions.proxied() && !Route::Stats.proxied() && !Route::StoredResponse.proxied());
+    }
+
+    #[test]
+    fn stored_responses_take_get_and_delete_by_id() {
+        for m in [Method::GET, Method::DELETE] {
+            assert_eq!(Route::parse(&m, "/v1/responses/resp_1"), Ok(Route::StoredResponse));
+        }
+        assert!(matches!(Route::parse(&Method::POST, "/v1/responses/resp_1"), Err(Refused::Method { .. })));
+        assert_eq!(Route::parse(&Method::POST, "/v1/responses"), Ok(Route::Responses));
+        assert_eq!(Route::StoredResponse.allow(), "GET, DELETE");
+    }
+
+    #[test]
+    fn each_api_answers_errors_in_its_own_shape() {
+        assert_eq!(Route::Messages.shape(), ApiShape::Anthropic);
+        assert_eq!(Route::CountTokens.shape(), ApiShape::Anthropic);
+        assert_eq!(Route::Responses.shape(), ApiShape::Responses);
+        assert_eq!(Route::ChatCompletions.shape(), ApiShape::OpenAi);
+        let r = Refused::Method { route: Route::Messages, method: Method::GET }.response();
+        assert_eq!(r.status(), 405);
+        let Body::Full(Some(b)) = r.into_body() else { panic!("a whole body") };
+        assert!(b.starts_with(br#"{"type":"error""#), "{b:?}");
     }
 
     #[test]

@@ -61,6 +61,7 @@ async fn shutdown(app: &Arc<App>, stops: &mut mpsc::UnboundedReceiver<Stop>, tas
         if !drained {
             tracing::warn!(left = app.in_flight.get(), "requests still in flight at the drain deadline");
         }
+        app.responses.flush().await;
         tasks.close();
         if tokio::time::timeout(CLOSE_GRACE, tasks.wait()).await.is_err() {
             tracing::warn!("client connections still open; exiting anyway");

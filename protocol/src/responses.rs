@@ -5,6 +5,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The header the gateway sets (value `expanded`) when it has replaced a request's
+/// `input` with the whole conversation of its `previous_response_id`; an engine refuses
+/// a `previous_response_id` without it.
+pub const HISTORY_HEADER: &str = "x-corral-history";
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct ResponsesRequest {
     pub model: Option<String>,

@@ -38,8 +38,8 @@ impl Gateway {
         Self::start_in(dir, args)
     }
 
-    /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv`, never to the
-    /// user's cache directory.
+    /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv` and stored
+    /// Responses to `<tmp>/responses`, never to the user's cache directory.
     pub fn start_in(dir: TempDir, args: &[&str]) -> Self {
         Self::start_in_env(dir, args, &[])
     }
@@ -51,6 +51,9 @@ impl Gateway {
         cmd.arg("serve").args(["--port", "0", "--runtime-dir"]).arg(&run).args(args);
         if !args.iter().any(|a| *a == "--ssd-cache" || *a == "--no-ssd-cache") {
             cmd.arg("--ssd-cache").arg(dir.path().join("kv"));
+        }
+        if !args.contains(&"--responses-dir") {
+            cmd.arg("--responses-dir").arg(dir.path().join("responses"));
         }
         let mut child = cmd
             .envs(envs.iter().copied())

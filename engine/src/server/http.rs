@@ -206,7 +206,7 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
         app.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
         error_response_in(e, shape)
     };
-    let expanded = req.headers().contains_key(responses_api::HISTORY_HEADER);
+    let expanded = req.headers().contains_key(corral_protocol::responses::HISTORY_HEADER);
     let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
         Ok((_, b)) => b,
         Err(e) => return failed(&app, &e.into()),

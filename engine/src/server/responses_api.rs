@@ -24,9 +24,6 @@ use crate::generate::{FinishReason, Outcome, TokenOut};
 use crate::grammar::Constraint;
 use crate::tools::{ParsedCall, ToolMode, ToolRequest};
 
-/// The header the gateway sets when it has replaced `input` with the whole history.
-pub const HISTORY_HEADER: &str = "x-corral-history";
-
 pub fn input(req: &ResponsesRequest, history_expanded: bool) -> Result<ChatInput, ApiError> {
     if req.previous_response_id.is_some() && !history_expanded {
         return Err(ApiError::invalid(
