@@ -239,7 +239,7 @@ pub fn engine(args: EngineArgs) -> u8 {
         }
     }
     let load_ms = engine.load_time.as_millis() as u64;
-    let ctx = args.ctx.unwrap_or(4096).min(engine.config().ctx_train).max(16);
+    let ctx = corral_protocol::launch::effective_ctx(args.ctx, engine.config().ctx_train);
     let cfg = ServerConfig {
         socket: args.socket,
         model_id: id.to_string(),

@@ -12,6 +12,7 @@
 
 pub mod child;
 pub mod error;
+pub mod card;
 pub mod gguf_meta;
 pub mod lease;
 pub mod policy;

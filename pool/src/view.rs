@@ -89,22 +89,16 @@ impl Pool {
     /// Every known model, resident or not; cards learned from engines that have run.
     pub fn models(&self) -> ModelList {
         let g = self.shared.lock();
-        let data = g
+        // In the order models were given: the first is the default.
+        let data = self
+            .shared
+            .cfg
             .models
-            .values()
+            .iter()
+            .filter_map(|e| g.models.get(&e.id))
             .map(|m| {
-                let mut card = m.card.clone().unwrap_or_else(|| ModelCard {
-                    id: m.entry.id.to_string(),
-                    object: "model".into(),
-                    created: m.entry.modified,
-                    owned_by: "corral".into(),
-                    context_window: None,
-                    capabilities: None,
-                    gen_defaults: None,
-                    resident: None,
-                    arch: None,
-                    chat_template: None,
-                });
+                let mut card =
+                    m.card.clone().unwrap_or_else(|| ModelCard::new(m.entry.id.to_string(), m.entry.modified));
                 card.id = m.entry.id.to_string();
                 card.resident = Some(m.slot.state().is_resident());
                 card

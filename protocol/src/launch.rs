@@ -83,6 +83,16 @@ pub struct CacheFlags {
     pub ssd_write_behind_ms: Option<u64>,
 }
 
+/// Tokens per request when `--ctx` is not given (never more than the model's training
+/// context).
+pub const DEFAULT_CTX: usize = 4096;
+
+/// The context an engine serves: `--ctx` or the default, within the model's training
+/// context, at least 16.
+pub fn effective_ctx(flag: Option<usize>, ctx_train: usize) -> usize {
+    flag.unwrap_or(DEFAULT_CTX).min(ctx_train).max(16)
+}
+
 /// Everything but the model and socket: the same for every engine of a pool.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EngineOptions {

@@ -19,6 +19,10 @@ WEATHER = {
     },
 }
 
+# This SDK version has no `temperature` argument (the hosted API dropped sampling
+# parameters); corral still takes it, so it goes in the body as extra fields.
+GREEDY = {"temperature": 0}
+
 
 def check(cond, what):
     if not cond:
@@ -28,12 +32,12 @@ def check(cond, what):
 
 def run(client: anthropic.Anthropic, model: str):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    m = client.messages.create(model=model, max_tokens=30, temperature=0, system="Answer briefly.", messages=msgs)
+    m = client.messages.create(model=model, max_tokens=30, extra_body=GREEDY, system="Answer briefly.", messages=msgs)
     check(m.type == "message" and m.content and m.content[0].type == "text", f"{model}: messages.create gives text")
     check(m.stop_reason in ("end_turn", "max_tokens"), f"{model}: stop_reason {m.stop_reason}")
     check(m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) > 0, f"{model}: usage")
 
-    with client.messages.stream(model=model, max_tokens=30, temperature=0, system="Answer briefly.", messages=msgs) as s:
+    with client.messages.stream(model=model, max_tokens=30, extra_body=GREEDY, system="Answer briefly.", messages=msgs) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     check(text == m.content[0].text == final.content[0].text, f"{model}: messages.stream gives the same text")
@@ -43,14 +47,14 @@ def run(client: anthropic.Anthropic, model: str):
 
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = client.messages.create(
-        model=model, max_tokens=60, temperature=0, messages=ask, tools=[WEATHER], tool_choice={"type": "any"}
+        model=model, max_tokens=60, extra_body=GREEDY, messages=ask, tools=[WEATHER], tool_choice={"type": "any"}
     )
     uses = [b for b in r.content if b.type == "tool_use"]
     check(r.stop_reason == "tool_use" and len(uses) == 1, f"{model}: a tool_use block")
     use = uses[0]
     check(use.name == "get_weather" and isinstance(use.input.get("city"), str), f"{model}: input {use.input}")
     with client.messages.stream(
-        model=model, max_tokens=60, temperature=0, messages=ask, tools=[WEATHER], tool_choice={"type": "any"}
+        model=model, max_tokens=60, extra_body=GREEDY, messages=ask, tools=[WEATHER], tool_choice={"type": "any"}
     ) as s:
         streamed = [b for b in s.get_final_message().content if b.type == "tool_use"]
     check(len(streamed) == 1 and streamed[0].input == use.input, f"{model}: streamed tool_use input matches")
@@ -60,7 +64,7 @@ def run(client: anthropic.Anthropic, model: str):
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18C and sunny"}]},
     ]
     a = client.messages.create(
-        model=model, max_tokens=40, temperature=0, messages=follow, tools=[WEATHER], tool_choice={"type": "none"}
+        model=model, max_tokens=40, extra_body=GREEDY, messages=follow, tools=[WEATHER], tool_choice={"type": "none"}
     )
     check(a.stop_reason != "tool_use" and a.content and a.content[0].type == "text", f"{model}: answers after the result")
 

@@ -125,21 +125,7 @@ fn models(app: &App) -> ModelList {
     ModelList {
         object: "list".into(),
         data: vec![ModelCard {
-            id: app.model_id.clone(),
-            object: "model".into(),
-            created: app.created,
-            owned_by: "corral".into(),
             context_window: Some(app.ctx),
-            capabilities: Some(Capabilities {
-                chat_completions: app.engine.template.is_some(),
-                text_completions: true,
-                streaming: true,
-                logprobs: true,
-                tools: app.engine.template.is_some(),
-                structured_output: true,
-                vision: false,
-                embeddings: false,
-            }),
             gen_defaults: Some(GenDefaults {
                 temperature: d.sampling.temperature,
                 top_p: d.sampling.top_p,
@@ -147,10 +133,11 @@ fn models(app: &App) -> ModelList {
                 min_p: d.sampling.min_p,
                 max_tokens: d.max_tokens,
             }),
-            resident: None,
             arch: Some(app.engine.config().arch.name().to_owned()),
             chat_template: template,
-        }],
+            ..ModelCard::new(app.model_id.clone(), app.created)
+        }
+        .with_capabilities(Capabilities::of_engine(app.engine.template.is_some()))],
     }
 }
 

@@ -279,25 +279,58 @@ pub struct GenDefaults {
 pub struct Capabilities {
     pub chat_completions: bool,
     pub text_completions: bool,
+    pub anthropic_messages: bool,
+    pub responses: bool,
     pub streaming: bool,
     pub logprobs: bool,
     pub tools: bool,
     pub structured_output: bool,
     pub vision: bool,
     pub embeddings: bool,
+    pub audio: bool,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+impl Capabilities {
+    /// What corral's engine offers for a model: the chat APIs (and tools, which go
+    /// through the chat template) need a chat template; the rest works for every model
+    /// the engine loads. No vision, audio or embeddings yet.
+    pub fn of_engine(has_chat_template: bool) -> Self {
+        Capabilities {
+            chat_completions: has_chat_template,
+            text_completions: true,
+            anthropic_messages: has_chat_template,
+            responses: has_chat_template,
+            streaming: true,
+            logprobs: true,
+            tools: has_chat_template,
+            structured_output: true,
+            vision: false,
+            embeddings: false,
+            audio: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ModelCard {
     pub id: String,
     pub object: String,
     pub created: u64,
     pub owned_by: String,
-    /// Known once the model's engine has run (the gateway does not read model files).
+    /// Tokens per request (the gateway reads it from the model file's header).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_window: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capabilities: Option<Capabilities>,
+    /// `capabilities`' most asked-for flags at the top level, where some clients look.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vision: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gen_defaults: Option<GenDefaults>,
     /// Whether an engine for it is running (gateway listing).
@@ -307,6 +340,21 @@ pub struct ModelCard {
     pub arch: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
+}
+
+impl ModelCard {
+    /// A card with nothing known beyond its id and date.
+    pub fn new(id: impl Into<String>, created: u64) -> Self {
+        ModelCard { id: id.into(), object: "model".into(), created, owned_by: "corral".into(), ..Default::default() }
+    }
+
+    /// Sets `capabilities` and the top-level flags that mirror it.
+    pub fn with_capabilities(mut self, c: Capabilities) -> Self {
+        (self.tools, self.structured_output, self.vision, self.embeddings) =
+            (Some(c.tools), Some(c.structured_output), Some(c.vision), Some(c.embeddings));
+        self.capabilities = Some(c);
+        self
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
