@@ -29,7 +29,7 @@ enum Command {
     /// Serve one model on a unix socket (the child process the gateway starts).
     Engine(engine_cmd::EngineArgs),
     /// Run the gateway: the HTTP API on a TCP port, one engine process per model.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 fn main() -> ExitCode {
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
-        Command::Serve(args) => match serve::serve(args) {
+        Command::Serve(args) => match serve::serve(*args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
             Err(e) => Err(e),

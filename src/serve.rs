@@ -221,7 +221,11 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         stats_timeout: Duration::from_millis(500),
         preload,
         responses: StoreConfig {
-            dir: Some(args.responses_dir.clone().unwrap_or_else(|| registry::user_cache_dir().join("corral").join("responses"))),
+            dir: Some(
+                args.responses_dir
+                    .clone()
+                    .unwrap_or_else(|| registry::user_cache_dir().join("corral").join("responses")),
+            ),
             max_count: args.responses_max,
             max_bytes: (args.responses_max_mb.max(0.0) * 1e6) as u64,
             ttl: args.responses_ttl,

@@ -25,5 +25,5 @@ pub mod stored;
 pub mod stored_routes;
 
 pub use app::GatewayConfig;
-pub use stored::StoreConfig;
 pub use server::run;
+pub use stored::StoreConfig;

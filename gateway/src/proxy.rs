@@ -23,9 +23,9 @@ use hyper::body::Incoming;
 use crate::app::App;
 use crate::body::{Body, Ending, ProxyBody, Tap};
 use crate::proxy_error::{Kind, ProxyError};
+use crate::respond;
 use crate::routes::Route;
 use crate::stored_routes::{self, Capture};
-use crate::respond;
 
 /// Headers that describe one hop, not the message.
 const HOP: [HeaderName; 8] = [

@@ -203,7 +203,9 @@ mod tests {
             let other = if r.proxied() { Method::GET } else { Method::POST };
             assert_eq!(Route::parse(&other, r.path()), Err(Refused::Method { route: r, method: other.clone() }));
         }
-        for path in ["/admin/drain", "/admin/stats", "/", "/v1/chat/completions/", "/v1/responses/", "/v1/responses/a/b"] {
+        for path in
+            ["/admin/drain", "/admin/stats", "/", "/v1/chat/completions/", "/v1/responses/", "/v1/responses/a/b"]
+        {
             assert_eq!(Route::parse(&Method::GET, path), Err(Refused::NotFound(path.to_owned())), "{path}");
         }
         assert!(Route::ChatCompletions.proxied() && !Route::Stats.proxied() && !Route::StoredResponse.proxied());

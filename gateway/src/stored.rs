@@ -104,8 +104,12 @@ impl ResponseStore {
     /// start the writer. A directory that cannot be used leaves the store in memory
     /// only, said once in the log.
     pub fn open(cfg: StoreConfig) -> Self {
-        let mut store =
-            ResponseStore { cfg: cfg.clone(), entries: Mutex::new(HashMap::new()), next_seq: Mutex::new(0), writer: None };
+        let mut store = ResponseStore {
+            cfg: cfg.clone(),
+            entries: Mutex::new(HashMap::new()),
+            next_seq: Mutex::new(0),
+            writer: None,
+        };
         let Some(dir) = cfg.dir.clone() else { return store };
         if let Err(e) = corral_net::dirs::ensure_dir(&dir, corral_net::dirs::Access::Private) {
             tracing::error!(error = %e, "stored responses stay in memory only");
@@ -314,7 +318,8 @@ mod tests {
     async fn what_is_stored_survives_a_reopen_and_deletes_stick() {
         let dir = std::env::temp_dir().join(format!("corral-stored-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let c = StoreConfig { dir: Some(dir.clone()), max_count: 2, max_bytes: 1 << 20, ttl: Duration::from_secs(3600) };
+        let c =
+            StoreConfig { dir: Some(dir.clone()), max_count: 2, max_bytes: 1 << 20, ttl: Duration::from_secs(3600) };
         let now = unix_now();
         {
             let s = ResponseStore::open(c.clone());

@@ -10,9 +10,9 @@
 //! `unix_http.rs` behind it); `policy.rs` holds the decisions across models (LRU
 //! victims, room to start, backoff); `error.rs` the reasons a lease fails.
 
+pub mod card;
 pub mod child;
 pub mod error;
-pub mod card;
 pub mod gguf_meta;
 pub mod lease;
 pub mod policy;

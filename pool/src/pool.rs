@@ -153,11 +153,7 @@ impl Pool {
                     slot: Slot::new(e.id.as_str(), t),
                     exited: None,
                     tail: None,
-                    card: Some(crate::card::from_header(
-                        e,
-                        crate::gguf_meta::read(&e.path),
-                        &cfg.engine_options,
-                    )),
+                    card: Some(crate::card::from_header(e, crate::gguf_meta::read(&e.path), &cfg.engine_options)),
                     last_exit: None,
                     started_at: None,
                     last_used_at: None,

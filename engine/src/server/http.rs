@@ -124,20 +124,22 @@ fn models(app: &App) -> ModelList {
     });
     ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
-            context_window: Some(app.ctx),
-            gen_defaults: Some(GenDefaults {
-                temperature: d.sampling.temperature,
-                top_p: d.sampling.top_p,
-                top_k: d.sampling.top_k,
-                min_p: d.sampling.min_p,
-                max_tokens: d.max_tokens,
-            }),
-            arch: Some(app.engine.config().arch.name().to_owned()),
-            chat_template: template,
-            ..ModelCard::new(app.model_id.clone(), app.created)
-        }
-        .with_capabilities(Capabilities::of_engine(app.engine.template.is_some()))],
+        data: vec![
+            ModelCard {
+                context_window: Some(app.ctx),
+                gen_defaults: Some(GenDefaults {
+                    temperature: d.sampling.temperature,
+                    top_p: d.sampling.top_p,
+                    top_k: d.sampling.top_k,
+                    min_p: d.sampling.min_p,
+                    max_tokens: d.max_tokens,
+                }),
+                arch: Some(app.engine.config().arch.name().to_owned()),
+                chat_template: template,
+                ..ModelCard::new(app.model_id.clone(), app.created)
+            }
+            .with_capabilities(Capabilities::of_engine(app.engine.template.is_some())),
+        ],
     }
 }
 
