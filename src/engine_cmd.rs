@@ -33,6 +33,10 @@ pub struct EngineArgs {
     /// Requests allowed to wait behind the running one before 429 queue_full.
     #[arg(long = flag::MAX_QUEUE, default_value_t = 64, env = "CORRAL_MAX_QUEUE")]
     max_queue: usize,
+    /// Requests generated together, one forward pass for all of them (1 = one at a
+    /// time). A greedy request's tokens do not depend on it.
+    #[arg(long = flag::BATCH, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256), env = "CORRAL_BATCH")]
+    batch: usize,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024, env = "CORRAL_MAX_BODY_BYTES")]
     max_body_bytes: usize,
@@ -245,6 +249,7 @@ pub fn engine(args: EngineArgs) -> u8 {
         model_id: id.to_string(),
         ctx,
         max_queue: args.max_queue,
+        batch: args.batch,
         max_body_bytes: args.max_body_bytes,
         defaults: args.sampling.defaults(),
         shutdown_timeout: Duration::from_millis(args.shutdown_timeout_ms),
@@ -281,6 +286,7 @@ mod tests {
             options: EngineOptions {
                 ctx: Some(2048),
                 max_queue: Some(7),
+                batch: Some(4),
                 threads: Some(3),
                 sampling: SamplingFlags {
                     temperature: Some(0.5),
@@ -312,7 +318,7 @@ mod tests {
             (a.model.to_str(), a.id.as_deref(), a.socket.to_str()),
             (Some("/models/m.gguf"), Some("m"), Some("/run/corral/e-1.sock"))
         );
-        assert_eq!((a.ctx, a.max_queue, a.threads), (Some(2048), 7, Some(3)));
+        assert_eq!((a.ctx, a.max_queue, a.batch, a.threads), (Some(2048), 7, 4, Some(3)));
         assert_eq!(a.sampling.to_flags(), launch.options.sampling);
         assert_eq!(a.cache.to_flags(a.ssd_cache.clone()), launch.options.cache);
         let cfg = a.cache.config(a.ssd_cache.clone());

@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// Requests waiting per engine before 429, passed to engines.
     #[arg(long)]
     max_queue: Option<usize>,
+    /// Requests each engine generates together (default 8; 1 = one at a time), passed
+    /// to engines.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256), env = "CORRAL_BATCH")]
+    batch: Option<usize>,
     /// Sampling defaults, passed to engines.
     #[command(flatten)]
     sampling: crate::engine_cmd::GenDefaultsArgs,
@@ -186,6 +190,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     let engine_options = EngineOptions {
         ctx: args.ctx,
         max_queue: args.max_queue,
+        batch: args.batch,
         threads: args.threads,
         sampling: args.sampling.to_flags(),
         cache: args.cache.to_flags(ssd_dir),

@@ -1,19 +1,18 @@
-//! The generation loop for one sequence: chunked prefill, then decode one token at a
-//! time until an end-of-generation token, a stop string, `max_tokens`, the context
-//! limit, or the observer cancels. Cancellation is checked between prefill chunks and
+//! Generation for one sequence run alone (the state machine is `sequence::Sequence`):
+//! chunked prefill, then decode one token at a time until an end-of-generation token, a
+//! stop string, `max_tokens`, the context limit, or the observer cancels. Cancellation is checked between prefill chunks and
 //! after every decoded token, so a client that goes away costs at most one step.
 //! With a grammar, every step's logits are masked to what the grammar allows before
 //! sampling (greedy and sampled alike), and a grammar that is complete ends generation.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::detok::Utf8Stream;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::grammar::Grammar;
 use crate::kv::SeqCache;
-use crate::model::{Logits, Model};
-use crate::sampler::{Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopScan};
+use crate::model::Model;
+use crate::sampler::SamplingParams;
+use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 
 /// Prompt tokens per forward pass during prefill (llama.cpp's default batch).
@@ -108,14 +107,14 @@ impl Outcome {
 }
 
 /// Log-probabilities of one step's raw logits: `logit - logsumexp(logits)`.
-struct LogSoftmax {
+pub(crate) struct LogSoftmax {
     lse: f32,
     logits: Vec<f32>,
-    top: Vec<(u32, f32)>,
+    pub(crate) top: Vec<(u32, f32)>,
 }
 
 impl LogSoftmax {
-    fn new(logits: &[f32], top_n: usize) -> Self {
+    pub(crate) fn new(logits: &[f32], top_n: usize) -> Self {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
         let lse = max + sum.ln() as f32;
@@ -131,7 +130,7 @@ impl LogSoftmax {
         Self { lse, logits: logits.to_vec(), top }
     }
 
-    fn logprob(&self, id: u32) -> f32 {
+    pub(crate) fn logprob(&self, id: u32) -> f32 {
         self.logits.get(id as usize).map_or(f32::NEG_INFINITY, |l| l - self.lse)
     }
 }
@@ -142,7 +141,8 @@ fn rate(n: usize, d: Duration) -> f64 {
 
 /// Generate a continuation of `prompt`. `cache` must hold the KV of exactly
 /// `prompt[..cache.len()]` (usually nothing); at least one prompt token is computed.
-/// `ctx` bounds prompt plus generated tokens.
+/// `ctx` bounds prompt plus generated tokens. The sequence runs alone, prefill in
+/// `PREFILL_CHUNK`-token passes.
 pub fn generate(
     model: &Model,
     tokenizer: &Tokenizer,
@@ -152,100 +152,22 @@ pub fn generate(
     ctx: usize,
     obs: &mut dyn Observer,
 ) -> Result<Outcome> {
-    if prompt.is_empty() {
-        return Err(Error::Tokenizer("the prompt is empty".into()));
-    }
-    if prompt.len() >= ctx {
-        return Err(Error::ContextExceeded { prompt: prompt.len(), ctx });
-    }
-    cache.truncate(prompt.len() - 1);
-    let cached = cache.len();
-    let max_tokens = params.max_tokens.min(ctx - prompt.len());
-    let mut out = Outcome {
-        finish: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        cached_tokens: cached,
-        tokens: Vec::new(),
-        prefill: Duration::ZERO,
-        decode: Duration::ZERO,
-        mask: Duration::ZERO,
-        stop: None,
-    };
+    let mut seq = Sequence::new(std::mem::replace(cache, model.new_cache()), prompt, params, ctx)?;
+    let result = drive(model, tokenizer, &mut seq, obs);
+    let (out, c) = seq.into_parts();
+    *cache = c;
+    result.map(|()| out)
+}
 
-    let start = Instant::now();
-    let todo = &prompt[cached..];
-    let chunks: Vec<&[u32]> = todo.chunks(PREFILL_CHUNK).collect();
-    let mut logits = Vec::new();
-    for (i, chunk) in chunks.iter().enumerate() {
-        if !obs.keep_going() {
-            out.finish = FinishReason::Cancelled;
-            out.prefill = start.elapsed();
-            return Ok(out);
+fn drive(model: &Model, tokenizer: &Tokenizer, seq: &mut Sequence, obs: &mut dyn Observer) -> Result<()> {
+    while !seq.is_done() {
+        if seq.prefilling() && !obs.keep_going() {
+            seq.cancel(obs);
+            break;
         }
-        let last = i + 1 == chunks.len();
-        logits = model.forward(chunk, cache, if last { Logits::Last } else { Logits::None })?;
+        let mut row = [seq.input(PREFILL_CHUNK)];
+        let logits = model.forward_batch(&mut row)?.pop().unwrap_or_default();
+        seq.advance(logits, tokenizer, obs)?;
     }
-    out.prefill = start.elapsed();
-
-    let decode_start = Instant::now();
-    let mut sampler = Sampler::new(params.sampling);
-    let mut history = prompt.to_vec();
-    let mut utf8 = Utf8Stream::new();
-    let mut stops = StopMatcher::new(params.stop);
-    let mut grammar = params.grammar;
-    while out.tokens.len() < max_tokens {
-        let lp = params.logprobs.map(|n| LogSoftmax::new(&logits, n));
-        if let Some(g) = grammar.as_mut() {
-            g.mask(&mut logits).map_err(Error::Grammar)?;
-        }
-        let id = sampler.sample(&mut logits, &history);
-        if !params.ignore_eos && tokenizer.is_eog(id) {
-            out.finish = FinishReason::Stop;
-            break;
-        }
-        let grammar_done = match grammar.as_mut() {
-            Some(g) => {
-                g.accept(id).map_err(Error::Grammar)?;
-                g.is_finished()
-            }
-            None => false,
-        };
-        out.tokens.push(id);
-        history.push(id);
-        let text = utf8.push(tokenizer.piece(id));
-        let (text, stopped) = match stops.push(&text) {
-            StopScan::Continue(t) => (t, false),
-            StopScan::Stopped(t) => (t, true),
-        };
-        let (logprob, top) = match &lp {
-            Some(l) => (Some(l.logprob(id)), l.top.clone()),
-            None => (None, Vec::new()),
-        };
-        if !obs.on_token(&TokenOut { id, text, logprob, top }) {
-            out.finish = FinishReason::Cancelled;
-            break;
-        }
-        if stopped || grammar_done {
-            out.finish = FinishReason::Stop;
-            break;
-        }
-        if out.tokens.len() == max_tokens {
-            break;
-        }
-        logits = model.forward(&[id], cache, Logits::Last)?;
-    }
-    if out.finish != FinishReason::Cancelled {
-        let tail = utf8.finish();
-        let rest = match stops.push(&tail) {
-            StopScan::Continue(t) | StopScan::Stopped(t) => t,
-        };
-        let flushed = rest + &stops.flush();
-        if !flushed.is_empty() {
-            obs.on_flush(&flushed);
-        }
-    }
-    out.decode = decode_start.elapsed();
-    out.mask = grammar.map_or(Duration::ZERO, |g| g.cost().0);
-    out.stop = stops.matched().map(str::to_owned);
-    Ok(out)
+    Ok(())
 }

@@ -19,6 +19,7 @@ pub mod kv;
 pub mod model;
 pub mod reasoning;
 pub mod sampler;
+pub mod sequence;
 pub mod server;
 pub mod stop;
 pub mod threads;

@@ -54,6 +54,23 @@ pub struct Averages {
     pub decode_tok_s: f64,
 }
 
+/// The generation batch (`--batch`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BatchStats {
+    /// Rows allowed at once.
+    pub configured: usize,
+    /// Rows generating now.
+    pub active_rows: usize,
+    /// Requests waiting to join.
+    pub pending_rows: usize,
+    /// The most rows one forward pass has carried.
+    pub peak_rows: usize,
+    /// Forward passes, and those that carried more than one row.
+    pub steps: u64,
+    pub batched_steps: u64,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Memory {
     /// Resident set size of the engine process (0 where unknown).
@@ -119,6 +136,7 @@ pub struct EngineStats {
     pub queue_depth: usize,
     pub max_queue: usize,
     pub in_flight: usize,
+    pub batch: BatchStats,
     pub last: Option<RequestTiming>,
     /// Exponential moving averages (weight 0.2 for the newest request).
     pub avg: Averages,

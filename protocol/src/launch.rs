@@ -30,6 +30,7 @@ pub mod flag {
     pub const SOCKET: &str = "socket";
     pub const CTX: &str = "ctx";
     pub const MAX_QUEUE: &str = "max-queue";
+    pub const BATCH: &str = "batch";
     pub const THREADS: &str = "threads";
     pub const TEMPERATURE: &str = "temperature";
     pub const TOP_P: &str = "top-p";
@@ -98,6 +99,7 @@ pub fn effective_ctx(flag: Option<usize>, ctx_train: usize) -> usize {
 pub struct EngineOptions {
     pub ctx: Option<usize>,
     pub max_queue: Option<usize>,
+    pub batch: Option<usize>,
     pub threads: Option<usize>,
     pub sampling: SamplingFlags,
     pub cache: CacheFlags,
@@ -123,6 +125,7 @@ impl EngineLaunch {
         let o = &self.options;
         a.opt(flag::CTX, o.ctx);
         a.opt(flag::MAX_QUEUE, o.max_queue);
+        a.opt(flag::BATCH, o.batch);
         a.opt(flag::THREADS, o.threads);
         let s = &o.sampling;
         a.opt(flag::TEMPERATURE, s.temperature);

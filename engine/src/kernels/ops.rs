@@ -124,11 +124,16 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new(pos0: usize, n: usize, head_dim: usize, base: f32) -> Self {
+        Self::at(pos0..pos0 + n, head_dim, base)
+    }
+
+    /// Angles for rows at arbitrary positions (the rows of a batch of sequences).
+    pub fn at(positions: impl Iterator<Item = usize>, head_dim: usize, base: f32) -> Self {
         let half = head_dim / 2;
         let theta_scale = base.powf(-2.0 / head_dim as f32);
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in pos0..pos0 + n {
+        let mut cos = Vec::with_capacity(positions.size_hint().0 * half);
+        let mut sin = Vec::with_capacity(positions.size_hint().0 * half);
+        for p in positions {
             let mut theta = p as f32;
             for _ in 0..half {
                 cos.push(theta.cos());

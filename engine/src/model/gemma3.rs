@@ -6,10 +6,10 @@
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
-use crate::kernels::ops::{self, RopeStyle, RopeTable};
-use crate::kernels::{AttnSpec, Embedding, Linear, attention};
-use crate::kv::SeqCache;
-use crate::model::{Architecture, Logits, output_rows};
+use crate::kernels::ops::{self, RopeStyle};
+use crate::kernels::{AttnSpec, Embedding, Linear};
+use crate::model::Architecture;
+use crate::model::batch::{Row, Spans, split};
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -69,12 +69,13 @@ impl Gemma3 {
 }
 
 impl Architecture for Gemma3 {
-    fn forward(&self, tokens: &[u32], cache: &mut SeqCache, logits: Logits) -> Result<Vec<f32>> {
+    fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.cfg;
-        let (t, pos0) = (tokens.len(), cache.len());
-        cache.reserve(t);
-        let rope_global = RopeTable::new(pos0, t, c.head_dim, c.rope_base);
-        let rope_local = RopeTable::new(pos0, t, c.head_dim, c.rope_base_local);
+        let spans = Spans::of(rows);
+        let tokens = Spans::stack(rows);
+        let t = spans.total();
+        let rope_global = spans.rope(c.head_dim, c.rope_base);
+        let rope_local = spans.rope(c.head_dim, c.rope_base_local);
         let spec = |swa: bool| AttnSpec {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -84,7 +85,7 @@ impl Architecture for Gemma3 {
             window: if swa { c.sliding_window } else { None },
         };
         let q_scale = 1.0 / (c.head_dim as f32).sqrt();
-        let mut x = self.embed.lookup(tokens)?;
+        let mut x = self.embed.lookup(&tokens)?;
         ops::scale_inplace(&mut x, (c.hidden as f32).sqrt());
         for (il, l) in self.layers.iter().enumerate() {
             let swa = c.is_swa[il];
@@ -98,8 +99,7 @@ impl Architecture for Gemma3 {
             rope.apply(&mut q, c.n_heads, RopeStyle::Neox);
             rope.apply(&mut k, c.n_kv_heads, RopeStyle::Neox);
             ops::scale_inplace(&mut q, q_scale);
-            cache.write(il, pos0, &k, &v);
-            let a = attention(cache, il, pos0, &q, &spec(swa));
+            let a = spans.attend(rows, il, (&q, &k, &v), &spec(swa));
             let mut o = l.wo.forward(&a, t)?;
             ops::rms_norm_inplace(&mut o, &l.post_attn_norm, c.rms_eps);
             ops::add_inplace(&mut x, &o);
@@ -111,12 +111,12 @@ impl Architecture for Gemma3 {
             ops::rms_norm_inplace(&mut d, &l.post_ffn_norm, c.rms_eps);
             ops::add_inplace(&mut x, &d);
         }
-        cache.commit(t);
-        let rows = output_rows(&x, c.hidden, logits);
-        if rows.is_empty() {
-            return Ok(Vec::new());
+        spans.commit(rows);
+        let (out, counts) = spans.output_rows(rows, &x, c.hidden);
+        if out.is_empty() {
+            return Ok(split(Vec::new(), &counts, c.vocab));
         }
-        let h = ops::rms_norm(rows, &self.norm, c.rms_eps);
-        self.lm_head.forward(&h, rows.len() / c.hidden)
+        let h = ops::rms_norm(&out, &self.norm, c.rms_eps);
+        Ok(split(self.lm_head.forward(&h, out.len() / c.hidden)?, &counts, c.vocab))
     }
 }

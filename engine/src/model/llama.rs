@@ -4,10 +4,10 @@
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
-use crate::kernels::ops::{self, RopeStyle, RopeTable};
-use crate::kernels::{AttnSpec, Embedding, Linear, attention};
-use crate::kv::SeqCache;
-use crate::model::{Architecture, Logits, output_rows};
+use crate::kernels::ops::{self, RopeStyle};
+use crate::kernels::{AttnSpec, Embedding, Linear};
+use crate::model::Architecture;
+use crate::model::batch::{Row, Spans, split};
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -59,11 +59,12 @@ impl Llama {
 }
 
 impl Architecture for Llama {
-    fn forward(&self, tokens: &[u32], cache: &mut SeqCache, logits: Logits) -> Result<Vec<f32>> {
+    fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.cfg;
-        let (t, pos0) = (tokens.len(), cache.len());
-        cache.reserve(t);
-        let rope = RopeTable::new(pos0, t, c.head_dim, c.rope_base);
+        let spans = Spans::of(rows);
+        let tokens = Spans::stack(rows);
+        let t = spans.total();
+        let rope = spans.rope(c.head_dim, c.rope_base);
         let spec = AttnSpec {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -71,7 +72,7 @@ impl Architecture for Llama {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             window: None,
         };
-        let mut x = self.embed.lookup(tokens)?;
+        let mut x = self.embed.lookup(&tokens)?;
         for (il, l) in self.layers.iter().enumerate() {
             let h = ops::rms_norm(&x, &l.attn_norm, c.rms_eps);
             let mut q = l.wq.forward(&h, t)?;
@@ -79,8 +80,7 @@ impl Architecture for Llama {
             let v = l.wv.forward(&h, t)?;
             rope.apply(&mut q, c.n_heads, RopeStyle::Interleaved);
             rope.apply(&mut k, c.n_kv_heads, RopeStyle::Interleaved);
-            cache.write(il, pos0, &k, &v);
-            let a = attention(cache, il, pos0, &q, &spec);
+            let a = spans.attend(rows, il, (&q, &k, &v), &spec);
             ops::add_inplace(&mut x, &l.wo.forward(&a, t)?);
 
             let h = ops::rms_norm(&x, &l.ffn_norm, c.rms_eps);
@@ -88,12 +88,12 @@ impl Architecture for Llama {
             ops::silu_mul(&mut gate, &l.w_up.forward(&h, t)?);
             ops::add_inplace(&mut x, &l.w_down.forward(&gate, t)?);
         }
-        cache.commit(t);
-        let rows = output_rows(&x, c.hidden, logits);
-        if rows.is_empty() {
-            return Ok(Vec::new());
+        spans.commit(rows);
+        let (out, counts) = spans.output_rows(rows, &x, c.hidden);
+        if out.is_empty() {
+            return Ok(split(Vec::new(), &counts, c.vocab));
         }
-        let h = ops::rms_norm(rows, &self.norm, c.rms_eps);
-        self.lm_head.forward(&h, rows.len() / c.hidden)
+        let h = ops::rms_norm(&out, &self.norm, c.rms_eps);
+        Ok(split(self.lm_head.forward(&h, out.len() / c.hidden)?, &counts, c.vocab))
     }
 }

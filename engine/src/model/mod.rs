@@ -1,6 +1,8 @@
-//! Model architectures: one file per architecture, each a forward pass over token ids
-//! that reads and appends to an external `SeqCache`.
+//! Model architectures: one file per architecture, each a forward pass over a batch of
+//! sequences (`batch::Row`: token ids and the external `SeqCache` they read and append
+//! to). A single sequence is a batch of one.
 
+pub mod batch;
 mod gemma3;
 mod llama;
 
@@ -11,6 +13,8 @@ use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::Numerics;
 use crate::kv::{KvShape, SeqCache};
+
+pub use batch::Row;
 
 /// Which rows of logits a forward pass should produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,9 +28,10 @@ pub enum Logits {
 }
 
 pub trait Architecture: Send + Sync {
-    /// Run `tokens` at positions `cache.len()..`, append their K/V to `cache`, and
-    /// return the requested logits. On error the cache keeps its previous length.
-    fn forward(&self, tokens: &[u32], cache: &mut SeqCache, logits: Logits) -> Result<Vec<f32>>;
+    /// Run each row's tokens at positions `cache.len()..` of its own cache, append their
+    /// K/V, and return each row's requested logits. Rows are non-empty. On error every
+    /// cache keeps its previous length.
+    fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>>;
 }
 
 /// A loaded model: weights, config, and the shape of its KV cache.
@@ -69,17 +74,38 @@ impl Model {
     }
 
     pub fn forward(&self, tokens: &[u32], cache: &mut SeqCache, logits: Logits) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Ok(Vec::new());
-        }
-        if cache.shape() != self.kv_shape() {
-            return Err(Error::Tensor { name: "kv cache".into(), reason: "belongs to another model".into() });
-        }
+        let mut rows = [Row { tokens, cache, logits }];
+        Ok(self.forward_batch(&mut rows)?.pop().unwrap_or_default())
+    }
+
+    /// One pass for several sequences (each with its own cache and position); returns
+    /// each row's logits, in order. A row's logits are bit-identical to running it alone
+    /// (with the default numerics). Rows without tokens get no logits.
+    pub fn forward_batch(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
         let vocab = self.config.vocab;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::BadToken { id, vocab });
+        for r in rows.iter() {
+            if r.cache.shape() != self.kv_shape() {
+                return Err(Error::Tensor { name: "kv cache".into(), reason: "belongs to another model".into() });
+            }
+            if let Some(&id) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::BadToken { id, vocab });
+            }
         }
-        crate::kernels::with_numerics(self.numerics, || self.arch.forward(tokens, cache, logits))
+        let run = |rows: &mut [Row<'_>]| crate::kernels::with_numerics(self.numerics, || self.arch.forward(rows));
+        if rows.iter().all(|r| !r.tokens.is_empty()) {
+            return run(rows);
+        }
+        let mut busy: Vec<Row<'_>> = rows
+            .iter_mut()
+            .filter(|r| !r.tokens.is_empty())
+            .map(|r| Row { tokens: r.tokens, cache: &mut *r.cache, logits: r.logits })
+            .collect();
+        let mut logits = if busy.is_empty() { Vec::new() } else { run(&mut busy)? }.into_iter();
+        drop(busy);
+        Ok(rows
+            .iter()
+            .map(|r| if r.tokens.is_empty() { Vec::new() } else { logits.next().unwrap_or_default() })
+            .collect())
     }
 }
 

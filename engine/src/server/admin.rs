@@ -25,6 +25,7 @@ const CUT_GRACE: Duration = Duration::from_secs(5);
 pub fn stats(app: &App) -> Response<Body> {
     let shown = Shown {
         max_queue: app.max_queue,
+        batch: app.batch,
         model_file_bytes: app.engine.file_bytes,
         draining: app.draining.load(Ordering::SeqCst),
     };

@@ -20,6 +20,7 @@ pub struct App {
     pub model_id: String,
     pub ctx: usize,
     pub max_queue: usize,
+    pub batch: usize,
     pub max_body_bytes: usize,
     pub defaults: EffectiveDefaults,
     pub created: u64,

@@ -210,7 +210,7 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
         Err(e) => return failed(&app, &e),
     };
     let prompt_tokens = prompt.len();
-    let (events, rx) = mpsc::channel(64);
+    let (events, rx) = mpsc::unbounded_channel();
     if let Err(e) = app.worker.submit(Job { prompt, params, events }) {
         return failed(&app, &e);
     }
@@ -237,7 +237,7 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
 async fn respond(
     render: impl stream::Render,
     streamed: bool,
-    rx: mpsc::Receiver<super::worker::Event>,
+    rx: mpsc::UnboundedReceiver<super::worker::Event>,
     reading: super::answer::Reading,
     work: corral_net::gauge::Guard,
 ) -> Response<Body> {

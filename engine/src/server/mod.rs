@@ -51,8 +51,10 @@ pub struct ServerConfig {
     pub model_id: String,
     /// Context size (prompt + generation) per request.
     pub ctx: usize,
-    /// Requests waiting beyond the running one; more are refused with 429.
+    /// Requests waiting beyond the running ones; more are refused with 429.
     pub max_queue: usize,
+    /// Requests generated together, one forward pass for all (`--batch`; 1 = serial).
+    pub batch: usize,
     pub max_body_bytes: usize,
     pub defaults: ServerDefaults,
     /// How long SIGTERM waits for in-flight work before cutting it.
@@ -80,7 +82,8 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let stats = Arc::new(stats::Stats::new());
     let cache =
         crate::cache::PromptCache::new(cfg.cache.clone(), engine.model.kv_shape(), Some(engine.cache_identity()));
-    let worker = worker::Worker::spawn(engine.clone(), cache.clone(), cfg.ctx, cfg.max_queue, stats.clone())?;
+    let worker =
+        worker::Worker::spawn(engine.clone(), cache.clone(), cfg.ctx, (cfg.max_queue, cfg.batch), stats.clone())?;
     let model_defaults = model_defaults(&engine);
     let app = Arc::new(app::App {
         defaults: requests::EffectiveDefaults::new(&cfg.defaults, &model_defaults),
@@ -91,6 +94,7 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
         model_id: cfg.model_id.clone(),
         ctx: cfg.ctx,
         max_queue: cfg.max_queue,
+        batch: cfg.batch,
         max_body_bytes: cfg.max_body_bytes,
         created: respond::unix_now(),
         default_drain: cfg.drain_timeout,

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
-use corral_protocol::engine_wire::{Averages, EngineStats, Memory, RequestTiming};
+use corral_protocol::engine_wire::{Averages, BatchStats, EngineStats, Memory, RequestTiming};
 
 use crate::generate::Outcome;
 
@@ -23,6 +23,9 @@ pub struct Stats {
     pub generated_tokens_total: AtomicU64,
     pub queue_depth: AtomicUsize,
     pub in_flight: AtomicUsize,
+    pub peak_rows: AtomicUsize,
+    pub steps: AtomicU64,
+    pub batched_steps: AtomicU64,
     timings: Mutex<(Option<RequestTiming>, Averages)>,
 }
 
@@ -37,6 +40,9 @@ impl Stats {
             generated_tokens_total: AtomicU64::new(0),
             queue_depth: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            peak_rows: AtomicUsize::new(0),
+            steps: AtomicU64::new(0),
+            batched_steps: AtomicU64::new(0),
             timings: Mutex::new((None, Averages::default())),
         }
     }
@@ -61,8 +67,17 @@ impl Stats {
         g.0 = Some(t);
     }
 
+    /// One forward pass over `rows` rows.
+    pub fn record_step(&self, rows: usize) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        if rows > 1 {
+            self.batched_steps.fetch_add(1, Ordering::Relaxed);
+        }
+        self.peak_rows.fetch_max(rows, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self, model: &str, view: Shown, cache: &crate::cache::PromptCache) -> EngineStats {
-        let Shown { max_queue, model_file_bytes, draining } = view;
+        let Shown { max_queue, batch, model_file_bytes, draining } = view;
         let (prompt_cache, ssd_cache) = cache.stats();
         let g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
         EngineStats {
@@ -78,6 +93,14 @@ impl Stats {
             queue_depth: self.queue_depth.load(Ordering::Relaxed),
             max_queue,
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            batch: BatchStats {
+                configured: batch,
+                active_rows: self.in_flight.load(Ordering::Relaxed),
+                pending_rows: self.queue_depth.load(Ordering::Relaxed),
+                peak_rows: self.peak_rows.load(Ordering::Relaxed),
+                steps: self.steps.load(Ordering::Relaxed),
+                batched_steps: self.batched_steps.load(Ordering::Relaxed),
+            },
             last: g.0.clone(),
             avg: g.1.clone(),
             memory: Memory { rss_bytes: rss_bytes(), model_file_bytes },
@@ -90,6 +113,7 @@ impl Stats {
 /// What the snapshot shows besides the counters.
 pub struct Shown {
     pub max_queue: usize,
+    pub batch: usize,
     pub model_file_bytes: u64,
     pub draining: bool,
 }

@@ -40,7 +40,11 @@ fn gone() -> ApiError {
     ApiError::new(ErrorKind::Internal, "the generation thread went away")
 }
 
-pub async fn whole(mut render: impl Render, mut rx: mpsc::Receiver<Event>, reading: Reading) -> Response<Body> {
+pub async fn whole(
+    mut render: impl Render,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    reading: Reading,
+) -> Response<Body> {
     let shape = render.shape();
     let mut text = String::new();
     let mut lp: Vec<TokenOut> = Vec::new();
@@ -66,7 +70,7 @@ pub async fn whole(mut render: impl Render, mut rx: mpsc::Receiver<Event>, readi
 
 pub fn streaming(
     mut render: impl Render,
-    mut rx: mpsc::Receiver<Event>,
+    mut rx: mpsc::UnboundedReceiver<Event>,
     reading: Reading,
     work: Guard,
 ) -> Response<Body> {

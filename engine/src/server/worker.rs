@@ -1,8 +1,11 @@
-//! The generation thread: one dedicated OS thread runs one request at a time from a
-//! bounded queue (over capacity is a 429 at submit time), streaming events back to the
-//! request's handler. A handler that goes away (client disconnect) closes its event
-//! channel; the thread sees that between prefill chunks and after every token and
-//! stops, so abandoned work costs at most one step.
+//! The generation thread: one dedicated OS thread runs up to `--batch` requests at once
+//! from a bounded queue (over capacity is a 429 at submit time), one forward pass per
+//! step for every running row (`Model::forward_batch`), streaming events back to each
+//! request's handler. Newcomers join at the next step with their prompt-cache hit;
+//! finished, failed and cancelled rows leave without stalling the rest. A handler that
+//! goes away (client disconnect) closes its event channel; the thread sees that before
+//! every pass and after every token, so abandoned work costs at most one step.
+//! `--batch 1` runs one request at a time, exactly as before batching.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +16,12 @@ use tokio::sync::mpsc;
 use super::stats::Stats;
 use crate::Engine;
 use crate::cache::{PromptCache, Source};
-use crate::generate::{FinishReason, GenerateParams, Observer, Outcome, TokenOut, generate};
+use crate::generate::{FinishReason, GenerateParams, Observer, Outcome, PREFILL_CHUNK, TokenOut};
+use crate::model::Row;
+use crate::sequence::Sequence;
+
+/// Prompt tokens per pass for a row that shares the batch with others.
+pub const BATCH_PREFILL_CHUNK: usize = 32;
 
 /// What a handler receives, in order: tokens, then exactly one `Done` or `Failed`.
 pub enum Event {
@@ -27,7 +35,7 @@ pub enum Event {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
-    pub events: mpsc::Sender<Event>,
+    pub events: mpsc::UnboundedSender<Event>,
 }
 
 pub struct Worker {
@@ -43,14 +51,16 @@ impl Worker {
         engine: Arc<Engine>,
         cache: Arc<PromptCache>,
         ctx: usize,
-        max_queue: usize,
+        (max_queue, batch): (usize, usize),
         stats: Arc<Stats>,
     ) -> std::io::Result<Self> {
         let (queue, rx) = mpsc::channel(max_queue.max(1));
         let cancel_all = Arc::new(AtomicBool::new(false));
         let (st, cancel) = (stats.clone(), cancel_all.clone());
         let cache_handle = cache.clone();
-        std::thread::Builder::new().name("generate".into()).spawn(move || run(engine, cache, ctx, rx, st, cancel))?;
+        std::thread::Builder::new()
+            .name("generate".into())
+            .spawn(move || run(engine, cache, (ctx, batch), rx, st, cancel))?;
         Ok(Self { queue, cache: cache_handle, stats, cancel_all })
     }
 
@@ -74,7 +84,7 @@ impl Worker {
 }
 
 struct Sink<'a> {
-    events: &'a mpsc::Sender<Event>,
+    events: &'a mpsc::UnboundedSender<Event>,
     stats: &'a Stats,
     cancel_all: &'a AtomicBool,
 }
@@ -86,69 +96,174 @@ impl Observer for Sink<'_> {
 
     fn on_token(&mut self, tok: &TokenOut) -> bool {
         self.stats.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
-        self.keep_going() && self.events.blocking_send(Event::Token(tok.clone())).is_ok()
+        // Never blocks: a slow reader must not hold up the other rows of a batch.
+        self.keep_going() && self.events.send(Event::Token(tok.clone())).is_ok()
     }
 
     fn on_flush(&mut self, text: &str) {
-        let _ = self.events.blocking_send(Event::Flush(text.to_owned()));
+        let _ = self.events.send(Event::Flush(text.to_owned()));
     }
+}
+
+/// A request in the running batch.
+struct Active {
+    seq: Sequence,
+    prompt: Vec<u32>,
+    events: mpsc::UnboundedSender<Event>,
+    failed: Option<ApiError>,
+}
+
+struct Ctx<'a> {
+    engine: &'a Engine,
+    pc: &'a PromptCache,
+    ctx: usize,
+    stats: &'a Stats,
+    cancel_all: &'a AtomicBool,
 }
 
 fn run(
     engine: Arc<Engine>,
     pc: Arc<PromptCache>,
-    ctx: usize,
+    (ctx, batch): (usize, usize),
     mut rx: mpsc::Receiver<Job>,
     stats: Arc<Stats>,
     cancel_all: Arc<AtomicBool>,
 ) {
-    while let Some(job) = rx.blocking_recv() {
-        pc.set_busy(true);
-        run_one(&engine, &pc, ctx, job, &stats, &cancel_all);
-        if stats.queue_depth.load(Ordering::SeqCst) == 0 {
+    let cx = Ctx { engine: &engine, pc: &pc, ctx, stats: &stats, cancel_all: &cancel_all };
+    let mut active: Vec<Active> = Vec::new();
+    loop {
+        // Newcomers join at the next step, up to the batch size.
+        while active.len() < batch.max(1) {
+            let job = if active.is_empty() {
+                match rx.blocking_recv() {
+                    Some(j) => j,
+                    None => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                }
+            };
+            pc.set_busy(true);
+            active.extend(admit(&cx, job));
+        }
+        if !active.is_empty() {
+            step(&cx, &mut active);
+        }
+        for a in extract_done(&mut active) {
+            complete(&cx, a);
+        }
+        if active.is_empty() && stats.queue_depth.load(Ordering::SeqCst) == 0 {
             pc.set_busy(false);
         }
     }
 }
 
-fn run_one(engine: &Engine, pc: &PromptCache, ctx: usize, job: Job, stats: &Stats, cancel_all: &AtomicBool) {
-    stats.queue_depth.fetch_sub(1, Ordering::SeqCst);
-    if job.events.is_closed() || cancel_all.load(Ordering::Relaxed) {
-        stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
-        let _ = job.events.blocking_send(Event::Failed(ApiError::new(ErrorKind::EngineDraining, "request cancelled")));
-        return;
+/// Start a job: its prompt-cache hit (RAM or SSD) becomes its cache.
+fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
+    cx.stats.queue_depth.fetch_sub(1, Ordering::SeqCst);
+    if job.events.is_closed() || cx.cancel_all.load(Ordering::Relaxed) {
+        cx.stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.send(Event::Failed(ApiError::new(ErrorKind::EngineDraining, "request cancelled")));
+        return None;
     }
-    stats.in_flight.fetch_add(1, Ordering::Relaxed);
-    let (mut cache, source) =
-        if job.prompt.len() < ctx { pc.prepare(&job.prompt) } else { (engine.model.new_cache(), Source::Miss) };
+    let (cache, source) = if job.prompt.len() < cx.ctx {
+        cx.pc.prepare(&job.prompt)
+    } else {
+        (cx.engine.model.new_cache(), Source::Miss)
+    };
     tracing::debug!(cached = cache.len(), source = ?source, "prompt cache");
-    let mut sink = Sink { events: &job.events, stats, cancel_all };
-    let result = generate(&engine.model, &engine.tokenizer, &mut cache, &job.prompt, job.params, ctx, &mut sink);
-    stats.in_flight.fetch_sub(1, Ordering::Relaxed);
-    match result {
-        Ok(outcome) => {
-            let mut seen = job.prompt.clone();
-            seen.extend_from_slice(&outcome.tokens);
-            pc.store(&seen, cache);
-            stats.record(&outcome);
-            if !outcome.mask.is_zero() {
-                tracing::debug!(
-                    mask_us = outcome.mask.as_micros() as u64,
-                    decode_us = outcome.decode.as_micros() as u64,
-                    tokens = outcome.tokens.len(),
-                    "grammar masks"
-                );
-            }
-            if outcome.finish == FinishReason::Cancelled {
-                stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(generated = outcome.tokens.len(), "request cancelled");
-            }
-            let _ = job.events.blocking_send(Event::Done(outcome));
+    match Sequence::new(cache, &job.prompt, job.params, cx.ctx) {
+        Ok(seq) => {
+            cx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+            Some(Active { seq, prompt: job.prompt, events: job.events, failed: None })
         }
         Err(e) => {
-            stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "generation failed");
-            let _ = job.events.blocking_send(Event::Failed(ApiError::from(&e)));
+            cx.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Failed(ApiError::from(&e)));
+            None
         }
     }
+}
+
+/// One forward pass for every running row. A lone row prefills in `PREFILL_CHUNK`s as
+/// before batching; with company, prompts go in `BATCH_PREFILL_CHUNK`s so the rows that
+/// are decoding keep streaming while a newcomer reads its prompt.
+fn step(cx: &Ctx<'_>, active: &mut [Active]) {
+    for a in active.iter_mut() {
+        let mut sink = Sink { events: &a.events, stats: cx.stats, cancel_all: cx.cancel_all };
+        if a.seq.prefilling() && !sink.keep_going() {
+            a.seq.cancel(&mut sink);
+        }
+    }
+    let chunk = if active.len() == 1 { PREFILL_CHUNK } else { BATCH_PREFILL_CHUNK };
+    let result = {
+        let mut rows: Vec<Row<'_>> =
+            active.iter_mut().filter(|a| !a.seq.is_done()).map(|a| a.seq.input(chunk)).collect();
+        if rows.is_empty() {
+            return;
+        }
+        cx.stats.record_step(rows.len());
+        cx.engine.model.forward_batch(&mut rows)
+    };
+    let running = active.iter_mut().filter(|a| !a.seq.is_done());
+    match result {
+        Ok(logits) => {
+            for (a, l) in running.zip(logits) {
+                let mut sink = Sink { events: &a.events, stats: cx.stats, cancel_all: cx.cancel_all };
+                if let Err(e) = a.seq.advance(l, &cx.engine.tokenizer, &mut sink) {
+                    tracing::error!(error = %e, "generation failed");
+                    a.failed = Some(ApiError::from(&e));
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "batched forward failed");
+            for a in running {
+                a.failed = Some(ApiError::from(&e));
+            }
+        }
+    }
+}
+
+fn extract_done(active: &mut Vec<Active>) -> Vec<Active> {
+    let mut done = Vec::new();
+    let mut i = 0;
+    while i < active.len() {
+        if active[i].seq.is_done() || active[i].failed.is_some() {
+            done.push(active.swap_remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    done
+}
+
+/// A row leaves the batch: its KV goes to the prompt cache, its handler gets the end.
+fn complete(cx: &Ctx<'_>, a: Active) {
+    cx.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+    if let Some(e) = a.failed {
+        cx.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+        let _ = a.events.send(Event::Failed(e));
+        return;
+    }
+    let (outcome, cache) = a.seq.into_parts();
+    let mut seen = a.prompt;
+    seen.extend_from_slice(&outcome.tokens);
+    cx.pc.store(&seen, cache);
+    cx.stats.record(&outcome);
+    if !outcome.mask.is_zero() {
+        tracing::debug!(
+            mask_us = outcome.mask.as_micros() as u64,
+            decode_us = outcome.decode.as_micros() as u64,
+            tokens = outcome.tokens.len(),
+            "grammar masks"
+        );
+    }
+    if outcome.finish == FinishReason::Cancelled {
+        cx.stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(generated = outcome.tokens.len(), "request cancelled");
+    }
+    let _ = a.events.send(Event::Done(outcome));
 }

@@ -1,0 +1,123 @@
+//! A batch: several sequences in one forward pass. Their tokens are stacked into one
+//! activation matrix, so every weight matrix is read once for all of them; what is per
+//! sequence — positions (rotary), K/V writes and attention over its own cache, which
+//! rows produce logits — goes row by row. The batch is the unit a backend executes.
+//!
+//! Output never depends on the company a row keeps: with the default batch-invariant
+//! numerics every matmul row takes the one-row arithmetic, and attention reads only the
+//! row's own cache, so a row's logits are bit-identical to the same tokens run alone.
+
+use crate::kernels::ops::RopeTable;
+use crate::kernels::{AttnSpec, attention};
+use crate::kv::SeqCache;
+use crate::model::Logits;
+
+/// One sequence's share of a forward pass: `tokens` run at positions `cache.len()..`.
+pub struct Row<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut SeqCache,
+    pub logits: Logits,
+}
+
+/// Where each row's tokens sit in the stacked activations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Spans {
+    /// `(first stacked row, tokens, first position)` per row.
+    spans: Vec<(usize, usize, usize)>,
+    total: usize,
+}
+
+impl Spans {
+    pub(crate) fn of(rows: &[Row<'_>]) -> Self {
+        let mut spans = Vec::with_capacity(rows.len());
+        let mut at = 0;
+        for r in rows {
+            spans.push((at, r.tokens.len(), r.cache.len()));
+            at += r.tokens.len();
+        }
+        Spans { spans, total: at }
+    }
+
+    /// Stacked rows in the batch.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Every row's tokens, stacked; and room for them in every cache.
+    pub(crate) fn stack(rows: &mut [Row<'_>]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(rows.iter().map(|r| r.tokens.len()).sum());
+        for r in rows.iter_mut() {
+            out.extend_from_slice(r.tokens);
+            r.cache.reserve(r.tokens.len());
+        }
+        out
+    }
+
+    /// Rotary angles for every stacked row at its own position.
+    pub(crate) fn rope(&self, head_dim: usize, base: f32) -> RopeTable {
+        let positions = self.spans.iter().flat_map(|&(_, n, pos0)| pos0..pos0 + n);
+        RopeTable::at(positions, head_dim, base)
+    }
+
+    /// Write each row's K/V (`[total][kv_dim]`) into its cache for `layer`, then attend
+    /// each row's queries (`[total][q_dim]`) over its own cache. Returns `[total][q_dim]`.
+    pub(crate) fn attend(
+        &self,
+        rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        spec: &AttnSpec,
+    ) -> Vec<f32> {
+        let (q_dim, kv_dim) = (q.len() / self.total, k.len() / self.total);
+        let mut out = Vec::with_capacity(q.len());
+        for (r, &(at, n, pos0)) in rows.iter_mut().zip(&self.spans) {
+            let kv = at * kv_dim..(at + n) * kv_dim;
+            r.cache.write(layer, pos0, &k[kv.clone()], &v[kv]);
+            out.extend(attention(r.cache, layer, pos0, &q[at * q_dim..(at + n) * q_dim], spec));
+        }
+        out
+    }
+
+    /// Mark every row's new positions valid (after the whole pass succeeded).
+    pub(crate) fn commit(&self, rows: &mut [Row<'_>]) {
+        for (r, &(_, n, _)) in rows.iter_mut().zip(&self.spans) {
+            r.cache.commit(n);
+        }
+    }
+
+    /// The final hidden rows that need logits (`[k][hidden]`), and how many each row has.
+    pub(crate) fn output_rows(&self, rows: &[Row<'_>], x: &[f32], hidden: usize) -> (Vec<f32>, Vec<usize>) {
+        let mut out = Vec::new();
+        let mut counts = Vec::with_capacity(rows.len());
+        for (r, &(at, n, _)) in rows.iter().zip(&self.spans) {
+            let mine = &x[at * hidden..(at + n) * hidden];
+            let picked = super::output_rows(mine, hidden, r.logits);
+            counts.push(picked.len() / hidden);
+            out.extend_from_slice(picked);
+        }
+        (out, counts)
+    }
+}
+
+/// Split stacked logits (`[k][vocab]`) back into one vector per row.
+pub(crate) fn split(logits: Vec<f32>, counts: &[usize], vocab: usize) -> Vec<Vec<f32>> {
+    let mut out = Vec::with_capacity(counts.len());
+    let mut at = 0;
+    for &c in counts {
+        out.push(logits[at * vocab..(at + c) * vocab].to_vec());
+        at += c;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logits_split_back_by_row() {
+        let v = (0..12).map(|i| i as f32).collect();
+        let got = split(v, &[1, 0, 2], 4);
+        assert_eq!(got, vec![vec![0.0, 1.0, 2.0, 3.0], vec![], (4..12).map(|i| i as f32).collect()]);
+    }
+}

@@ -1,0 +1,198 @@
+//! One sequence's generation as a state machine, so a scheduler can run many in one
+//! forward pass: `input()` says what to run next (a prefill chunk, or the last sampled
+//! token), the caller runs it (alone or batched with other sequences), and `advance()`
+//! takes that pass's logits — masking with the grammar, sampling, stop strings,
+//! `max_tokens`, streaming text to the observer. `generate::generate` is the same
+//! machine driven alone.
+
+use std::time::{Duration, Instant};
+
+use crate::detok::Utf8Stream;
+use crate::error::{Error, Result};
+use crate::generate::{FinishReason, GenerateParams, LogSoftmax, Observer, Outcome, TokenOut};
+use crate::grammar::Grammar;
+use crate::kv::SeqCache;
+use crate::model::{Logits, Row};
+use crate::sampler::Sampler;
+use crate::stop::{StopMatcher, StopScan};
+use crate::tokenizer::Tokenizer;
+
+pub struct Sequence {
+    prompt: Vec<u32>,
+    cache: SeqCache,
+    /// Prompt tokens already in the cache.
+    fed: usize,
+    /// Tokens handed out by the last `input()` (fed once `advance` succeeds).
+    pending: usize,
+    /// The token to run next in decode.
+    last: Option<u32>,
+    max_tokens: usize,
+    out: Outcome,
+    sampler: Sampler,
+    history: Vec<u32>,
+    utf8: Utf8Stream,
+    stops: StopMatcher,
+    grammar: Option<Grammar>,
+    logprobs: Option<usize>,
+    ignore_eos: bool,
+    started: Instant,
+    decode_started: Option<Instant>,
+    done: bool,
+}
+
+impl Sequence {
+    /// `cache` must hold the KV of exactly `prompt[..cache.len()]` (usually nothing); at
+    /// least one prompt token is computed. `ctx` bounds prompt plus generated tokens.
+    pub fn new(mut cache: SeqCache, prompt: &[u32], params: GenerateParams, ctx: usize) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(Error::Tokenizer("the prompt is empty".into()));
+        }
+        if prompt.len() >= ctx {
+            return Err(Error::ContextExceeded { prompt: prompt.len(), ctx });
+        }
+        cache.truncate(prompt.len() - 1);
+        let cached = cache.len();
+        Ok(Sequence {
+            prompt: prompt.to_vec(),
+            cache,
+            fed: cached,
+            pending: 0,
+            last: None,
+            max_tokens: params.max_tokens.min(ctx - prompt.len()),
+            out: Outcome {
+                finish: FinishReason::Length,
+                prompt_tokens: prompt.len(),
+                cached_tokens: cached,
+                tokens: Vec::new(),
+                prefill: Duration::ZERO,
+                decode: Duration::ZERO,
+                mask: Duration::ZERO,
+                stop: None,
+            },
+            sampler: Sampler::new(params.sampling),
+            history: prompt.to_vec(),
+            utf8: Utf8Stream::new(),
+            stops: StopMatcher::new(params.stop),
+            grammar: params.grammar,
+            logprobs: params.logprobs,
+            ignore_eos: params.ignore_eos,
+            started: Instant::now(),
+            decode_started: None,
+            done: false,
+        })
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Still reading its prompt.
+    pub fn prefilling(&self) -> bool {
+        self.fed < self.prompt.len()
+    }
+
+    /// What to run next: up to `chunk` prompt tokens (logits only for the prompt's last
+    /// one), or the last sampled token.
+    pub fn input(&mut self, chunk: usize) -> Row<'_> {
+        if self.prefilling() {
+            let end = (self.fed + chunk.max(1)).min(self.prompt.len());
+            self.pending = end - self.fed;
+            let logits = if end == self.prompt.len() { Logits::Last } else { Logits::None };
+            return Row { tokens: &self.prompt[self.fed..end], cache: &mut self.cache, logits };
+        }
+        self.pending = 1;
+        let tokens: &[u32] = match &self.last {
+            Some(t) => std::slice::from_ref(t),
+            None => &[],
+        };
+        Row { tokens, cache: &mut self.cache, logits: Logits::Last }
+    }
+
+    /// Take the logits of the pass that ran `input()`. Streams the sampled token to
+    /// `obs`; a `false` from the observer cancels.
+    pub fn advance(&mut self, mut logits: Vec<f32>, tokenizer: &Tokenizer, obs: &mut dyn Observer) -> Result<()> {
+        if self.prefilling() {
+            self.fed += self.pending;
+            if self.prefilling() {
+                return Ok(());
+            }
+            self.out.prefill = self.started.elapsed();
+            self.decode_started = Some(Instant::now());
+        }
+        if self.out.tokens.len() >= self.max_tokens {
+            self.finish(FinishReason::Length, obs);
+            return Ok(());
+        }
+        let lp = self.logprobs.map(|n| LogSoftmax::new(&logits, n));
+        if let Some(g) = self.grammar.as_mut() {
+            g.mask(&mut logits).map_err(Error::Grammar)?;
+        }
+        let id = self.sampler.sample(&mut logits, &self.history);
+        if !self.ignore_eos && tokenizer.is_eog(id) {
+            self.finish(FinishReason::Stop, obs);
+            return Ok(());
+        }
+        let grammar_done = match self.grammar.as_mut() {
+            Some(g) => {
+                g.accept(id).map_err(Error::Grammar)?;
+                g.is_finished()
+            }
+            None => false,
+        };
+        self.out.tokens.push(id);
+        self.history.push(id);
+        let text = self.utf8.push(tokenizer.piece(id));
+        let (text, stopped) = match self.stops.push(&text) {
+            StopScan::Continue(t) => (t, false),
+            StopScan::Stopped(t) => (t, true),
+        };
+        let (logprob, top) = match &lp {
+            Some(l) => (Some(l.logprob(id)), l.top.clone()),
+            None => (None, Vec::new()),
+        };
+        if !obs.on_token(&TokenOut { id, text, logprob, top }) {
+            self.finish(FinishReason::Cancelled, obs);
+        } else if stopped || grammar_done {
+            self.finish(FinishReason::Stop, obs);
+        } else if self.out.tokens.len() == self.max_tokens {
+            self.finish(FinishReason::Length, obs);
+        } else {
+            self.last = Some(id);
+        }
+        Ok(())
+    }
+
+    /// End now (the observer went away, or the engine is draining).
+    pub fn cancel(&mut self, obs: &mut dyn Observer) {
+        if !self.done {
+            self.finish(FinishReason::Cancelled, obs);
+        }
+    }
+
+    fn finish(&mut self, reason: FinishReason, obs: &mut dyn Observer) {
+        self.done = true;
+        self.out.finish = reason;
+        if self.prefilling() {
+            self.out.prefill = self.started.elapsed();
+        }
+        if reason != FinishReason::Cancelled {
+            let tail = self.utf8.finish();
+            let rest = match self.stops.push(&tail) {
+                StopScan::Continue(t) | StopScan::Stopped(t) => t,
+            };
+            let flushed = rest + &self.stops.flush();
+            if !flushed.is_empty() {
+                obs.on_flush(&flushed);
+            }
+        }
+        self.out.decode = self.decode_started.map_or(Duration::ZERO, |s| s.elapsed());
+        self.out.mask = self.grammar.as_ref().map_or(Duration::ZERO, |g| g.cost().0);
+        self.out.stop = self.stops.matched().map(str::to_owned);
+    }
+
+    /// The outcome and the cache (the prompt plus every generated token but the last,
+    /// whose KV was never computed).
+    pub fn into_parts(self) -> (Outcome, SeqCache) {
+        (self.out, self.cache)
+    }
+}
