@@ -28,7 +28,7 @@ pub struct EngineArgs {
     #[arg(long = flag::SOCKET)]
     socket: PathBuf,
     /// Context size per request (prompt + generation); default min(4096, the model's).
-    #[arg(long = flag::CTX, env = "CORRAL_CTX")]
+    #[arg(long = flag::CTX, alias = "context-length", env = "CORRAL_CTX")]
     ctx: Option<usize>,
     /// Requests allowed to wait behind the running one before 429 queue_full.
     #[arg(long = flag::MAX_QUEUE, default_value_t = 64, env = "CORRAL_MAX_QUEUE")]
@@ -37,6 +37,14 @@ pub struct EngineArgs {
     /// time). A greedy request's tokens do not depend on it.
     #[arg(long = flag::BATCH, default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256), env = "CORRAL_BATCH")]
     batch: usize,
+    /// Memory this engine may use, in GB (decimal); default 0.75 × physical memory.
+    #[arg(long = flag::MEMORY_BUDGET, value_parser = gigabytes, env = "CORRAL_MEMORY_BUDGET")]
+    memory_budget: Option<f64>,
+    /// What the running requests' KV cache may add up to, in GB; default the memory
+    /// budget less the model file. Requests that do not fit wait; one that never can is
+    /// refused (400 context_over_budget).
+    #[arg(long = flag::KV_BUDGET, value_parser = gigabytes, env = "CORRAL_KV_BUDGET")]
+    kv_budget: Option<f64>,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024, env = "CORRAL_MAX_BODY_BYTES")]
     max_body_bytes: usize,
@@ -94,6 +102,14 @@ pub struct GenDefaultsArgs {
 }
 
 /// A float flag bounded to `[lo, hi]`; the error names the range.
+/// A size in GB (decimal), at least 0.
+pub(crate) fn gigabytes(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(g) if g.is_finite() && g >= 0.0 => Ok(g),
+        _ => Err(format!("{s:?} is not a size in GB (a number, at least 0)")),
+    }
+}
+
 fn in_range(lo: f32, hi: f32) -> impl Fn(&str) -> Result<f32, String> + Clone + Send + Sync + 'static {
     move |s: &str| {
         let v: f32 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
@@ -250,6 +266,8 @@ pub fn engine(args: EngineArgs) -> u8 {
         ctx,
         max_queue: args.max_queue,
         batch: args.batch,
+        memory_budget: args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |g| (g * 1e9) as u64),
+        kv_budget: args.kv_budget.map(|g| (g * 1e9) as u64),
         max_body_bytes: args.max_body_bytes,
         defaults: args.sampling.defaults(),
         shutdown_timeout: Duration::from_millis(args.shutdown_timeout_ms),
@@ -287,6 +305,8 @@ mod tests {
                 ctx: Some(2048),
                 max_queue: Some(7),
                 batch: Some(4),
+                memory_budget_gb: Some(2.5),
+                kv_budget_gb: Some(0.25),
                 threads: Some(3),
                 sampling: SamplingFlags {
                     temperature: Some(0.5),
@@ -319,6 +339,7 @@ mod tests {
             (Some("/models/m.gguf"), Some("m"), Some("/run/corral/e-1.sock"))
         );
         assert_eq!((a.ctx, a.max_queue, a.batch, a.threads), (Some(2048), 7, 4, Some(3)));
+        assert_eq!((a.memory_budget, a.kv_budget), (Some(2.5), Some(0.25)));
         assert_eq!(a.sampling.to_flags(), launch.options.sampling);
         assert_eq!(a.cache.to_flags(a.ssd_cache.clone()), launch.options.cache);
         let cfg = a.cache.config(a.ssd_cache.clone());

@@ -2,6 +2,7 @@
 
 mod bench;
 mod engine_cmd;
+mod fit;
 mod run;
 mod serve;
 
@@ -30,6 +31,8 @@ enum Command {
     Engine(engine_cmd::EngineArgs),
     /// Run the gateway: the HTTP API on a TCP port, one engine process per model.
     Serve(Box<serve::ServeArgs>),
+    /// Will a model fit the memory budget, and how fast can it decode here?
+    Fit(fit::FitArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
+        Command::Fit(args) => fit::run(args),
         Command::Serve(args) => match serve::serve(*args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),

@@ -31,9 +31,14 @@ pub struct ServeArgs {
     /// Engines kept resident at once (least recently used idle ones are evicted).
     #[arg(long, default_value_t = 1, env = "CORRAL_MODEL_POOL")]
     model_pool: usize,
-    /// Memory budget for resident engines in GB (model file + KV estimate); 0 = none.
-    #[arg(long, default_value_t = 0.0, env = "CORRAL_MEMORY_BUDGET")]
-    memory_budget: f64,
+    /// Memory budget in GB (decimal) for resident engines (model files + KV); default
+    /// 0.75 × physical memory. Each engine gets an equal share for its KV cache.
+    #[arg(long, value_parser = crate::engine_cmd::gigabytes, env = "CORRAL_MEMORY_BUDGET")]
+    memory_budget: Option<f64>,
+    /// KV budget per engine in GB, passed to engines (default: its share of the memory
+    /// budget less its model file).
+    #[arg(long, value_parser = crate::engine_cmd::gigabytes, env = "CORRAL_KV_BUDGET")]
+    kv_budget: Option<f64>,
     /// Stop an engine idle this long (e.g. 300, 5m, 1h); unset = keep it.
     #[arg(long, env = "CORRAL_KEEP_ALIVE", value_parser = parse_duration)]
     keep_alive: Option<Duration>,
@@ -44,7 +49,7 @@ pub struct ServeArgs {
     #[arg(long)]
     preload: Vec<String>,
     /// Context size per request, passed to engines.
-    #[arg(long, env = "CORRAL_CTX")]
+    #[arg(long, alias = "context-length", env = "CORRAL_CTX")]
     ctx: Option<usize>,
     /// Requests waiting per engine before 429, passed to engines.
     #[arg(long)]
@@ -187,10 +192,15 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     let models = model_entries(&args)?;
     let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
     let ssd_dir = (!args.no_ssd_cache).then(|| args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir));
+    let memory_budget =
+        args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |g| (g * 1e9) as u64);
     let engine_options = EngineOptions {
         ctx: args.ctx,
         max_queue: args.max_queue,
         batch: args.batch,
+        // 0 = no budget: the pool does not count, engines take their own default.
+        memory_budget_gb: (memory_budget > 0).then(|| memory_budget as f64 / 1e9 / args.model_pool.max(1) as f64),
+        kv_budget_gb: args.kv_budget,
         threads: args.threads,
         sampling: args.sampling.to_flags(),
         cache: args.cache.to_flags(ssd_dir),
@@ -207,7 +217,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     let pool_cfg = PoolConfig {
         models,
         cap: args.model_pool.max(1),
-        memory_budget: (args.memory_budget.max(0.0) * 1e9) as u64,
+        memory_budget,
         runtime_dir,
         engine_program,
         engine_options,

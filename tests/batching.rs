@@ -38,6 +38,10 @@ fn requests(model: &str) -> Vec<Value> {
     ]
 }
 
+fn lane(v: &Value) -> String {
+    v["usage"]["lane"].as_str().unwrap().to_owned()
+}
+
 /// What must not change when a request shares the batch.
 fn answer(v: &Value) -> (String, String, u64) {
     let c = &v["choices"][0];
@@ -62,6 +66,7 @@ fn concurrent_rows_equal_their_solo_runs_and_a_leaver_frees_its_row() {
             .map(|r| {
                 let resp = gw.post("/v1/chat/completions", r);
                 assert_eq!(resp.status, 200, "{}", resp.text());
+                assert_eq!(lane(&resp.json()), "serial");
                 answer(&resp.json())
             })
             .collect();
@@ -83,7 +88,7 @@ fn concurrent_rows_equal_their_solo_runs_and_a_leaver_frees_its_row() {
                             &[],
                         );
                         assert_eq!(resp.status, 200, "{}", resp.text());
-                        answer(&resp.json())
+                        (answer(&resp.json()), lane(&resp.json()))
                     })
                 })
                 .collect();
@@ -106,9 +111,11 @@ fn concurrent_rows_equal_their_solo_runs_and_a_leaver_frees_its_row() {
             start.wait();
             let got: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
             leaver.join().unwrap();
-            for (i, (g, s)) in got.iter().zip(&solo).enumerate() {
+            for (i, ((g, _), s)) in got.iter().zip(&solo).enumerate() {
                 assert_eq!(g, s, "{model}, {n} at once: request {i} differs from its solo run");
             }
+            let shared = got.iter().filter(|(_, l)| l == "batch").count();
+            assert!(shared >= 2, "{model}, {n} at once: usage.lane says batch for {shared}");
             let b = batch_of(&gw, model);
             assert!(b["peak_rows"].as_u64().unwrap() >= 2 && b["batched_steps"].as_u64().unwrap() > 0, "{b}");
             let idle = wait_until(Duration::from_secs(20), || batch_of(&gw, model)["active_rows"] == 0);

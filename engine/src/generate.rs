@@ -89,9 +89,16 @@ pub struct Outcome {
     pub mask: Duration,
     /// The stop string that ended generation, if one did.
     pub stop: Option<String>,
+    /// Whether a forward pass of this request also carried other requests.
+    pub batched: bool,
 }
 
 impl Outcome {
+    /// `usage.lane`: `batch` if it shared a forward pass, else `serial`.
+    pub fn lane(&self) -> &'static str {
+        if self.batched { "batch" } else { "serial" }
+    }
+
     pub fn completion_tokens(&self) -> usize {
         self.tokens.len()
     }

@@ -68,6 +68,7 @@ impl Sequence {
                 decode: Duration::ZERO,
                 mask: Duration::ZERO,
                 stop: None,
+                batched: false,
             },
             sampler: Sampler::new(params.sampling),
             history: prompt.to_vec(),
@@ -80,6 +81,11 @@ impl Sequence {
             decode_started: None,
             done: false,
         })
+    }
+
+    /// Its next pass carries other sequences too.
+    pub fn mark_batched(&mut self) {
+        self.out.batched = true;
     }
 
     pub fn is_done(&self) -> bool {

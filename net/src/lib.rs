@@ -11,7 +11,8 @@
 //!   probe;
 //! - `gauge`: a count of work in progress whose `wait_zero(deadline)` wakes on the last
 //!   exit (no polling);
-//! - `respond`: the hyper adapter of `protocol`'s error rendering.
+//! - `respond`: the hyper adapter of `protocol`'s error rendering;
+//! - `host`: physical memory (the default memory budget).
 //!
 //! It holds no policy of either server (routes, proxying, models): only mechanisms.
 
@@ -19,6 +20,7 @@ pub mod accept;
 pub mod body;
 pub mod dirs;
 pub mod gauge;
+pub mod host;
 pub mod respond;
 pub mod signals;
 

@@ -62,6 +62,9 @@ pub struct Usage {
     /// Prompt tokens served from the prompt cache.
     pub cache_read_input_tokens: usize,
     pub cache_creation_input_tokens: usize,
+    /// corral's: `serial` or `batch` (see the OpenAI usage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

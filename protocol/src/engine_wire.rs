@@ -69,6 +69,11 @@ pub struct BatchStats {
     /// Forward passes, and those that carried more than one row.
     pub steps: u64,
     pub batched_steps: u64,
+    /// `serial` (`--batch 1`) or `continuous`.
+    pub mode: String,
+    /// KV reserved by the running rows, and what they may reserve together.
+    pub kv_bytes: u64,
+    pub kv_budget_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -76,6 +81,9 @@ pub struct Memory {
     /// Resident set size of the engine process (0 where unknown).
     pub rss_bytes: u64,
     pub model_file_bytes: u64,
+    /// The engine's memory budget (`--memory-budget`), and what it uses now (its RSS).
+    pub budget_bytes: u64,
+    pub used_bytes: u64,
 }
 
 /// The RAM tier of the prompt cache.
@@ -136,6 +144,8 @@ pub struct EngineStats {
     pub queue_depth: usize,
     pub max_queue: usize,
     pub in_flight: usize,
+    /// Context size per request (`--ctx`, alias `--context-length`).
+    pub ctx: usize,
     pub batch: BatchStats,
     pub last: Option<RequestTiming>,
     /// Exponential moving averages (weight 0.2 for the newest request).

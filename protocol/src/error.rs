@@ -20,6 +20,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// The prompt alone does not fit the context.
     ContextLengthExceeded,
+    /// The prompt's KV cannot fit the engine's KV budget, even alone.
+    ContextOverBudget,
     /// The body is over the size limit.
     PayloadTooLarge,
     /// No such route.
@@ -54,7 +56,7 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         use ErrorKind::*;
         match self {
-            InvalidJson | InvalidRequest | ContextLengthExceeded => 400,
+            InvalidJson | InvalidRequest | ContextLengthExceeded | ContextOverBudget => 400,
             NotFound | ModelNotFound => 404,
             MethodNotAllowed => 405,
             PayloadTooLarge => 413,
@@ -82,6 +84,7 @@ impl ErrorKind {
             InvalidJson => "invalid_json",
             InvalidRequest => "invalid_value",
             ContextLengthExceeded => "context_length_exceeded",
+            ContextOverBudget => "context_over_budget",
             PayloadTooLarge => "payload_too_large",
             NotFound => "not_found",
             MethodNotAllowed => "method_not_allowed",

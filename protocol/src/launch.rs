@@ -31,6 +31,8 @@ pub mod flag {
     pub const CTX: &str = "ctx";
     pub const MAX_QUEUE: &str = "max-queue";
     pub const BATCH: &str = "batch";
+    pub const MEMORY_BUDGET: &str = "memory-budget";
+    pub const KV_BUDGET: &str = "kv-budget";
     pub const THREADS: &str = "threads";
     pub const TEMPERATURE: &str = "temperature";
     pub const TOP_P: &str = "top-p";
@@ -100,6 +102,9 @@ pub struct EngineOptions {
     pub ctx: Option<usize>,
     pub max_queue: Option<usize>,
     pub batch: Option<usize>,
+    /// This engine's memory budget in GB (decimal).
+    pub memory_budget_gb: Option<f64>,
+    pub kv_budget_gb: Option<f64>,
     pub threads: Option<usize>,
     pub sampling: SamplingFlags,
     pub cache: CacheFlags,
@@ -126,6 +131,8 @@ impl EngineLaunch {
         a.opt(flag::CTX, o.ctx);
         a.opt(flag::MAX_QUEUE, o.max_queue);
         a.opt(flag::BATCH, o.batch);
+        a.opt(flag::MEMORY_BUDGET, o.memory_budget_gb);
+        a.opt(flag::KV_BUDGET, o.kv_budget_gb);
         a.opt(flag::THREADS, o.threads);
         let s = &o.sampling;
         a.opt(flag::TEMPERATURE, s.temperature);

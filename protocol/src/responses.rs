@@ -73,6 +73,9 @@ pub struct ResponseUsage {
     pub output_tokens: usize,
     pub output_tokens_details: OutputTokensDetails,
     pub total_tokens: usize,
+    /// corral's: `serial` or `batch` (see the OpenAI usage).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

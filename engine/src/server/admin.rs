@@ -26,6 +26,9 @@ pub fn stats(app: &App) -> Response<Body> {
     let shown = Shown {
         max_queue: app.max_queue,
         batch: app.batch,
+        ctx: app.ctx,
+        kv_budget_bytes: app.kv_budget.bytes,
+        memory_budget_bytes: app.memory_budget,
         model_file_bytes: app.engine.file_bytes,
         draining: app.draining.load(Ordering::SeqCst),
     };

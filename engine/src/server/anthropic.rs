@@ -228,6 +228,7 @@ fn usage(o: &Outcome) -> Usage {
         output_tokens: o.completion_tokens(),
         cache_read_input_tokens: o.cached_tokens,
         cache_creation_input_tokens: 0,
+        lane: Some(o.lane().into()),
     }
 }
 

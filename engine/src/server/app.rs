@@ -21,6 +21,10 @@ pub struct App {
     pub ctx: usize,
     pub max_queue: usize,
     pub batch: usize,
+    /// What the running rows' KV may add up to (`admission`).
+    pub kv_budget: super::admission::KvBudget,
+    /// `--memory-budget` in bytes (reported; the KV budget is derived from it).
+    pub memory_budget: u64,
     pub max_body_bytes: usize,
     pub defaults: EffectiveDefaults,
     pub created: u64,

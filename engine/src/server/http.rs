@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use super::admin;
+use super::{admin, admission};
 use super::anthropic::{self, AnthropicRender};
 use super::app::App;
 use super::body::Body;
@@ -135,6 +135,7 @@ fn models(app: &App) -> ModelList {
                     max_tokens: d.max_tokens,
                 }),
                 arch: Some(app.engine.config().arch.name().to_owned()),
+            batch_mode: Some(if app.batch > 1 { "continuous" } else { "serial" }.to_owned()),
                 chat_template: template,
                 ..ModelCard::new(app.model_id.clone(), app.created)
             }
@@ -204,14 +205,20 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
     let validated = tokio::task::spawn_blocking(move || validate(&job_app, api, &bytes, expanded))
         .await
         .unwrap_or_else(|e| Err(ApiError::new(ErrorKind::Internal, format!("request validation failed: {e}"))));
-    let (Validated { prompt, params, stream, include_usage, warnings, reading, rendered: _ }, parsed) = match validated
-    {
-        Ok(v) => v,
+    let (Validated { prompt, mut params, stream, include_usage, mut warnings, reading, rendered: _ }, parsed) =
+        match validated {
+            Ok(v) => v,
+            Err(e) => return failed(&app, &e),
+        };
+    let prompt_tokens = prompt.len();
+    let admitted = match admission::admit(prompt_tokens, params.max_tokens, app.ctx, &app.kv_budget) {
+        Ok(a) => a,
         Err(e) => return failed(&app, &e),
     };
-    let prompt_tokens = prompt.len();
+    params.max_tokens = admitted.max_tokens;
+    warnings.extend(admitted.warning);
     let (events, rx) = mpsc::unbounded_channel();
-    if let Err(e) = app.worker.submit(Job { prompt, params, events }) {
+    if let Err(e) = app.worker.submit(Job { prompt, params, events, kv_bytes: admitted.kv_bytes }) {
         return failed(&app, &e);
     }
     let mut r = match parsed {

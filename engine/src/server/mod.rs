@@ -9,6 +9,7 @@
 //! parent is gone) cuts work and exits at once; a second signal exits at once.
 
 mod admin;
+pub mod admission;
 mod answer;
 mod anthropic;
 mod app;
@@ -55,6 +56,10 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Requests generated together, one forward pass for all (`--batch`; 1 = serial).
     pub batch: usize,
+    /// Memory budget in bytes (`--memory-budget`; default 0.75 × RAM).
+    pub memory_budget: u64,
+    /// KV budget in bytes (`--kv-budget`); `None`: the memory budget less the model file.
+    pub kv_budget: Option<u64>,
     pub max_body_bytes: usize,
     pub defaults: ServerDefaults,
     /// How long SIGTERM waits for in-flight work before cutting it.
@@ -82,8 +87,20 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let stats = Arc::new(stats::Stats::new());
     let cache =
         crate::cache::PromptCache::new(cfg.cache.clone(), engine.model.kv_shape(), Some(engine.cache_identity()));
-    let worker =
-        worker::Worker::spawn(engine.clone(), cache.clone(), cfg.ctx, (cfg.max_queue, cfg.batch), stats.clone())?;
+    let kv_budget = admission::KvBudget {
+        bytes: cfg.kv_budget.unwrap_or_else(|| cfg.memory_budget.saturating_sub(engine.file_bytes)),
+        per_token: engine.model.kv_shape().bytes_per_token() as u64,
+    };
+    tracing::info!(
+        weight_bytes = engine.file_bytes,
+        kv_bytes_per_token = kv_budget.per_token,
+        kv_budget_bytes = kv_budget.bytes,
+        max_context_in_budget = kv_budget.max_tokens(),
+        batch = cfg.batch,
+        "memory fit"
+    );
+    let wcfg = worker::WorkerConfig { ctx: cfg.ctx, max_queue: cfg.max_queue, batch: cfg.batch, kv: kv_budget };
+    let worker = worker::Worker::spawn(engine.clone(), cache.clone(), wcfg, stats.clone())?;
     let model_defaults = model_defaults(&engine);
     let app = Arc::new(app::App {
         defaults: requests::EffectiveDefaults::new(&cfg.defaults, &model_defaults),
@@ -95,6 +112,8 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
         ctx: cfg.ctx,
         max_queue: cfg.max_queue,
         batch: cfg.batch,
+        kv_budget,
+        memory_budget: cfg.memory_budget,
         max_body_bytes: cfg.max_body_bytes,
         created: respond::unix_now(),
         default_drain: cfg.drain_timeout,

@@ -42,7 +42,7 @@ impl Meta {
 }
 
 pub fn usage(o: &Outcome) -> Usage {
-    Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens)
+    Usage { lane: Some(o.lane().into()), ..Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens) }
 }
 
 /// `stop` / `length` / `tool_calls` (a cancelled request has no client to tell).

@@ -288,6 +288,7 @@ impl ResponsesRender {
                 output_tokens: o.completion_tokens(),
                 output_tokens_details: OutputTokensDetails { reasoning_tokens },
                 total_tokens: o.prompt_tokens + o.completion_tokens(),
+                lane: Some(o.lane().into()),
             }),
             incomplete_details: length.then(|| IncompleteDetails { reason: "max_output_tokens".into() }),
             ..self.base.clone()

@@ -26,6 +26,8 @@ pub struct Stats {
     pub peak_rows: AtomicUsize,
     pub steps: AtomicU64,
     pub batched_steps: AtomicU64,
+    /// KV bytes the running rows hold in reserve.
+    pub kv_bytes: AtomicU64,
     timings: Mutex<(Option<RequestTiming>, Averages)>,
 }
 
@@ -43,6 +45,7 @@ impl Stats {
             peak_rows: AtomicUsize::new(0),
             steps: AtomicU64::new(0),
             batched_steps: AtomicU64::new(0),
+            kv_bytes: AtomicU64::new(0),
             timings: Mutex::new((None, Averages::default())),
         }
     }
@@ -77,7 +80,8 @@ impl Stats {
     }
 
     pub fn snapshot(&self, model: &str, view: Shown, cache: &crate::cache::PromptCache) -> EngineStats {
-        let Shown { max_queue, batch, model_file_bytes, draining } = view;
+        let Shown { max_queue, batch, ctx, kv_budget_bytes, memory_budget_bytes, model_file_bytes, draining } = view;
+        let rss = rss_bytes();
         let (prompt_cache, ssd_cache) = cache.stats();
         let g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
         EngineStats {
@@ -100,10 +104,14 @@ impl Stats {
                 peak_rows: self.peak_rows.load(Ordering::Relaxed),
                 steps: self.steps.load(Ordering::Relaxed),
                 batched_steps: self.batched_steps.load(Ordering::Relaxed),
+                mode: if batch > 1 { "continuous" } else { "serial" }.into(),
+                kv_bytes: self.kv_bytes.load(Ordering::Relaxed),
+                kv_budget_bytes,
             },
+            ctx,
             last: g.0.clone(),
             avg: g.1.clone(),
-            memory: Memory { rss_bytes: rss_bytes(), model_file_bytes },
+            memory: Memory { rss_bytes: rss, model_file_bytes, budget_bytes: memory_budget_bytes, used_bytes: rss },
             prompt_cache,
             ssd_cache,
         }
@@ -114,6 +122,9 @@ impl Stats {
 pub struct Shown {
     pub max_queue: usize,
     pub batch: usize,
+    pub ctx: usize,
+    pub kv_budget_bytes: u64,
+    pub memory_budget_bytes: u64,
     pub model_file_bytes: u64,
     pub draining: bool,
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use corral_protocol::{ApiError, ErrorKind};
 use tokio::sync::mpsc;
 
+use super::admission::{self, KvBudget};
 use super::stats::Stats;
 use crate::Engine;
 use crate::cache::{PromptCache, Source};
@@ -35,7 +36,22 @@ pub enum Event {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
+    /// KV bytes it may grow to (`admission::admit`), held while it runs.
+    pub kv_bytes: u64,
     pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// How the generation thread runs.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerConfig {
+    /// Context size per request.
+    pub ctx: usize,
+    /// Requests waiting beyond the running ones.
+    pub max_queue: usize,
+    /// Rows per forward pass.
+    pub batch: usize,
+    /// What the running rows' KV may add up to.
+    pub kv: KvBudget,
 }
 
 pub struct Worker {
@@ -47,20 +63,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn spawn(
-        engine: Arc<Engine>,
-        cache: Arc<PromptCache>,
-        ctx: usize,
-        (max_queue, batch): (usize, usize),
-        stats: Arc<Stats>,
-    ) -> std::io::Result<Self> {
-        let (queue, rx) = mpsc::channel(max_queue.max(1));
+    pub fn spawn(engine: Arc<Engine>, cache: Arc<PromptCache>, cfg: WorkerConfig, stats: Arc<Stats>) -> std::io::Result<Self> {
+        let (queue, rx) = mpsc::channel(cfg.max_queue.max(1));
         let cancel_all = Arc::new(AtomicBool::new(false));
         let (st, cancel) = (stats.clone(), cancel_all.clone());
         let cache_handle = cache.clone();
-        std::thread::Builder::new()
-            .name("generate".into())
-            .spawn(move || run(engine, cache, (ctx, batch), rx, st, cancel))?;
+        std::thread::Builder::new().name("generate".into()).spawn(move || run(engine, cache, cfg, rx, st, cancel))?;
         Ok(Self { queue, cache: cache_handle, stats, cancel_all })
     }
 
@@ -108,6 +116,7 @@ impl Observer for Sink<'_> {
 /// A request in the running batch.
 struct Active {
     seq: Sequence,
+    kv_bytes: u64,
     prompt: Vec<u32>,
     events: mpsc::UnboundedSender<Event>,
     failed: Option<ApiError>,
@@ -117,6 +126,7 @@ struct Ctx<'a> {
     engine: &'a Engine,
     pc: &'a PromptCache,
     ctx: usize,
+    kv: KvBudget,
     stats: &'a Stats,
     cancel_all: &'a AtomicBool,
 }
@@ -124,37 +134,45 @@ struct Ctx<'a> {
 fn run(
     engine: Arc<Engine>,
     pc: Arc<PromptCache>,
-    (ctx, batch): (usize, usize),
+    cfg: WorkerConfig,
     mut rx: mpsc::Receiver<Job>,
     stats: Arc<Stats>,
     cancel_all: Arc<AtomicBool>,
 ) {
-    let cx = Ctx { engine: &engine, pc: &pc, ctx, stats: &stats, cancel_all: &cancel_all };
+    let cx = Ctx { engine: &engine, pc: &pc, ctx: cfg.ctx, kv: cfg.kv, stats: &stats, cancel_all: &cancel_all };
     let mut active: Vec<Active> = Vec::new();
+    // The head of the queue when its KV does not fit beside the running rows yet.
+    let mut waiting: Option<Job> = None;
     loop {
-        // Newcomers join at the next step, up to the batch size.
-        while active.len() < batch.max(1) {
-            let job = if active.is_empty() {
-                match rx.blocking_recv() {
+        // Newcomers join at the next step, up to the batch size and the KV budget.
+        while active.len() < cfg.batch.max(1) {
+            let job = match waiting.take() {
+                Some(j) => j,
+                None if active.is_empty() => match rx.blocking_recv() {
                     Some(j) => j,
                     None => return,
-                }
-            } else {
-                match rx.try_recv() {
+                },
+                None => match rx.try_recv() {
                     Ok(j) => j,
                     Err(_) => break,
-                }
+                },
             };
+            let held: u64 = active.iter().map(|a| a.kv_bytes).sum();
+            if !admission::fits_now(held, job.kv_bytes, &cx.kv) {
+                waiting = Some(job);
+                break;
+            }
             pc.set_busy(true);
             active.extend(admit(&cx, job));
         }
+        stats.kv_bytes.store(active.iter().map(|a| a.kv_bytes).sum(), Ordering::Relaxed);
         if !active.is_empty() {
             step(&cx, &mut active);
         }
         for a in extract_done(&mut active) {
             complete(&cx, a);
         }
-        if active.is_empty() && stats.queue_depth.load(Ordering::SeqCst) == 0 {
+        if active.is_empty() && waiting.is_none() && stats.queue_depth.load(Ordering::SeqCst) == 0 {
             pc.set_busy(false);
         }
     }
@@ -177,7 +195,7 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
     match Sequence::new(cache, &job.prompt, job.params, cx.ctx) {
         Ok(seq) => {
             cx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-            Some(Active { seq, prompt: job.prompt, events: job.events, failed: None })
+            Some(Active { seq, kv_bytes: job.kv_bytes, prompt: job.prompt, events: job.events, failed: None })
         }
         Err(e) => {
             cx.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
@@ -197,7 +215,13 @@ fn step(cx: &Ctx<'_>, active: &mut [Active]) {
             a.seq.cancel(&mut sink);
         }
     }
-    let chunk = if active.len() == 1 { PREFILL_CHUNK } else { BATCH_PREFILL_CHUNK };
+    let running = active.iter().filter(|a| !a.seq.is_done()).count();
+    let chunk = if running == 1 { PREFILL_CHUNK } else { BATCH_PREFILL_CHUNK };
+    if running > 1 {
+        for a in active.iter_mut() {
+            a.seq.mark_batched();
+        }
+    }
     let result = {
         let mut rows: Vec<Row<'_>> =
             active.iter_mut().filter(|a| !a.seq.is_done()).map(|a| a.seq.input(chunk)).collect();

@@ -143,6 +143,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// `serial` (every forward pass was this request's alone) or `batch` (it shared a
+    /// pass with other requests).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
 }
 
 impl Usage {
@@ -152,6 +156,7 @@ impl Usage {
             completion_tokens: completion,
             total_tokens: prompt + completion,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
+            lane: None,
         }
     }
 }
@@ -333,6 +338,9 @@ pub struct ModelCard {
     pub embeddings: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gen_defaults: Option<GenDefaults>,
+    /// `continuous` (requests share forward passes, `--batch` > 1) or `serial`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_mode: Option<String>,
     /// Whether an engine for it is running (gateway listing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resident: Option<bool>,
