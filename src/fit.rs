@@ -61,10 +61,8 @@ fn read_bandwidth(threads: usize) -> f64 {
     for _ in 0..3 {
         let t0 = Instant::now();
         let sum: u64 = std::thread::scope(|s| {
-            let parts: Vec<_> = words
-                .chunks(chunk)
-                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &w| a.wrapping_add(w))))
-                .collect();
+            let parts: Vec<_> =
+                words.chunks(chunk).map(|c| s.spawn(move || c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))).collect();
             parts.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
         });
         std::hint::black_box(sum);
@@ -95,7 +93,12 @@ pub fn run(args: FitArgs) -> Result<()> {
     let gb = |b: f64| b / 1e9;
     println!("model            {} ({})", args.model.display(), cfg.arch.name());
     println!("weights          {:.3} GB", gb(f.weight_bytes as f64));
-    println!("KV per token     {} bytes ({} layers x {} K+V floats, f16)", f.kv_bytes_per_token, cfg.n_layers, 2 * cfg.kv_dim());
+    println!(
+        "KV per token     {} bytes ({} layers x {} K+V floats, f16)",
+        f.kv_bytes_per_token,
+        cfg.n_layers,
+        2 * cfg.kv_dim()
+    );
     println!("memory budget    {:.2} GB", gb(budget as f64));
     println!(
         "largest context  {} tokens in the budget (the model was trained for {}){}",
@@ -104,7 +107,10 @@ pub fn run(args: FitArgs) -> Result<()> {
         if f.max_context < 16 { " — the weights alone do not fit" } else { "" }
     );
     println!("read bandwidth   {:.1} GB/s ({threads} threads, measured now)", gb(bandwidth));
-    println!("decode bound     {:.0} tok/s (bandwidth / weight bytes; real decode reaches a fraction)", f.decode_tok_s_bound);
+    println!(
+        "decode bound     {:.0} tok/s (bandwidth / weight bytes; real decode reaches a fraction)",
+        f.decode_tok_s_bound
+    );
     Ok(())
 }
 

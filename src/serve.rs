@@ -192,8 +192,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     let models = model_entries(&args)?;
     let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
     let ssd_dir = (!args.no_ssd_cache).then(|| args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir));
-    let memory_budget =
-        args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |g| (g * 1e9) as u64);
+    let memory_budget = args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |g| (g * 1e9) as u64);
     let engine_options = EngineOptions {
         ctx: args.ctx,
         max_queue: args.max_queue,

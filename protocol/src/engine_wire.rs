@@ -66,6 +66,8 @@ pub struct BatchStats {
     pub pending_rows: usize,
     /// The most rows one forward pass has carried.
     pub peak_rows: usize,
+    /// Rows that have joined the batch since start.
+    pub submitted_rows: u64,
     /// Forward passes, and those that carried more than one row.
     pub steps: u64,
     pub batched_steps: u64,

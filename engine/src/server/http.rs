@@ -16,7 +16,6 @@ use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use super::{admin, admission};
 use super::anthropic::{self, AnthropicRender};
 use super::app::App;
 use super::body::Body;
@@ -27,6 +26,7 @@ use super::responses::{Meta, OpenAiRender, Route};
 use super::responses_api::{self, ResponsesRender};
 use super::stream;
 use super::worker::Job;
+use super::{admin, admission};
 use crate::chat::TemplateSource;
 
 /// The engine's operations, parsed once per request.
@@ -135,7 +135,7 @@ fn models(app: &App) -> ModelList {
                     max_tokens: d.max_tokens,
                 }),
                 arch: Some(app.engine.config().arch.name().to_owned()),
-            batch_mode: Some(if app.batch > 1 { "continuous" } else { "serial" }.to_owned()),
+                batch_mode: Some(if app.batch > 1 { "continuous" } else { "serial" }.to_owned()),
                 chat_template: template,
                 ..ModelCard::new(app.model_id.clone(), app.created)
             }

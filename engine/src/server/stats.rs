@@ -24,6 +24,7 @@ pub struct Stats {
     pub queue_depth: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub peak_rows: AtomicUsize,
+    pub submitted_rows: AtomicU64,
     pub steps: AtomicU64,
     pub batched_steps: AtomicU64,
     /// KV bytes the running rows hold in reserve.
@@ -43,6 +44,7 @@ impl Stats {
             queue_depth: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             peak_rows: AtomicUsize::new(0),
+            submitted_rows: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             batched_steps: AtomicU64::new(0),
             kv_bytes: AtomicU64::new(0),
@@ -102,6 +104,7 @@ impl Stats {
                 active_rows: self.in_flight.load(Ordering::Relaxed),
                 pending_rows: self.queue_depth.load(Ordering::Relaxed),
                 peak_rows: self.peak_rows.load(Ordering::Relaxed),
+                submitted_rows: self.submitted_rows.load(Ordering::Relaxed),
                 steps: self.steps.load(Ordering::Relaxed),
                 batched_steps: self.batched_steps.load(Ordering::Relaxed),
                 mode: if batch > 1 { "continuous" } else { "serial" }.into(),

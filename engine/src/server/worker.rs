@@ -63,7 +63,12 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn spawn(engine: Arc<Engine>, cache: Arc<PromptCache>, cfg: WorkerConfig, stats: Arc<Stats>) -> std::io::Result<Self> {
+    pub fn spawn(
+        engine: Arc<Engine>,
+        cache: Arc<PromptCache>,
+        cfg: WorkerConfig,
+        stats: Arc<Stats>,
+    ) -> std::io::Result<Self> {
         let (queue, rx) = mpsc::channel(cfg.max_queue.max(1));
         let cancel_all = Arc::new(AtomicBool::new(false));
         let (st, cancel) = (stats.clone(), cancel_all.clone());
@@ -172,6 +177,7 @@ fn run(
         for a in extract_done(&mut active) {
             complete(&cx, a);
         }
+        stats.kv_bytes.store(active.iter().map(|a| a.kv_bytes).sum(), Ordering::Relaxed);
         if active.is_empty() && waiting.is_none() && stats.queue_depth.load(Ordering::SeqCst) == 0 {
             pc.set_busy(false);
         }
@@ -195,6 +201,7 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
     match Sequence::new(cache, &job.prompt, job.params, cx.ctx) {
         Ok(seq) => {
             cx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+            cx.stats.submitted_rows.fetch_add(1, Ordering::Relaxed);
             Some(Active { seq, kv_bytes: job.kv_bytes, prompt: job.prompt, events: job.events, failed: None })
         }
         Err(e) => {
