@@ -18,6 +18,7 @@ mod conversation;
 mod errors;
 mod http;
 mod input;
+mod pacing;
 mod requests;
 mod respond;
 mod responses;

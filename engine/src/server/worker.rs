@@ -9,20 +9,19 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use corral_protocol::{ApiError, ErrorKind};
 use tokio::sync::mpsc;
 
 use super::admission::{self, KvBudget};
+use super::pacing::Pacer;
 use super::stats::Stats;
 use crate::Engine;
 use crate::cache::{PromptCache, Source};
-use crate::generate::{FinishReason, GenerateParams, Observer, Outcome, PREFILL_CHUNK, TokenOut};
+use crate::generate::{FinishReason, GenerateParams, Observer, Outcome, TokenOut};
 use crate::model::Row;
 use crate::sequence::Sequence;
-
-/// Prompt tokens per pass for a row that shares the batch with others.
-pub const BATCH_PREFILL_CHUNK: usize = 32;
 
 /// What a handler receives, in order: tokens, then exactly one `Done` or `Failed`.
 pub enum Event {
@@ -148,6 +147,7 @@ fn run(
     let mut active: Vec<Active> = Vec::new();
     // The head of the queue when its KV does not fit beside the running rows yet.
     let mut waiting: Option<Job> = None;
+    let mut pacer = Pacer::default();
     loop {
         // Newcomers join at the next step, up to the batch size and the KV budget.
         while active.len() < cfg.batch.max(1) {
@@ -172,7 +172,7 @@ fn run(
         }
         stats.kv_bytes.store(active.iter().map(|a| a.kv_bytes).sum(), Ordering::Relaxed);
         if !active.is_empty() {
-            step(&cx, &mut active);
+            step(&cx, &mut pacer, &mut active);
         }
         for a in extract_done(&mut active) {
             complete(&cx, a);
@@ -212,10 +212,11 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
     }
 }
 
-/// One forward pass for every running row. A lone row prefills in `PREFILL_CHUNK`s as
-/// before batching; with company, prompts go in `BATCH_PREFILL_CHUNK`s so the rows that
-/// are decoding keep streaming while a newcomer reads its prompt.
-fn step(cx: &Ctx<'_>, active: &mut [Active]) {
+/// One forward pass for every running row. A lone row, or rows that are all reading
+/// their prompts, prefill in `PREFILL_CHUNK`s as before batching; beside decoding rows a
+/// newcomer reads as many prompt tokens as the pacer allows, so running streams keep
+/// their pace while a long prompt arrives.
+fn step(cx: &Ctx<'_>, pacer: &mut Pacer, active: &mut [Active]) {
     for a in active.iter_mut() {
         let mut sink = Sink { events: &a.events, stats: cx.stats, cancel_all: cx.cancel_all };
         if a.seq.prefilling() && !sink.keep_going() {
@@ -223,7 +224,9 @@ fn step(cx: &Ctx<'_>, active: &mut [Active]) {
         }
     }
     let running = active.iter().filter(|a| !a.seq.is_done()).count();
-    let chunk = if running == 1 { PREFILL_CHUNK } else { BATCH_PREFILL_CHUNK };
+    let prefilling = active.iter().filter(|a| !a.seq.is_done() && a.seq.prefilling()).count();
+    let decoding = running - prefilling;
+    let chunk = pacer.chunk(decoding, prefilling);
     if running > 1 {
         for a in active.iter_mut() {
             a.seq.mark_batched();
@@ -236,7 +239,14 @@ fn step(cx: &Ctx<'_>, active: &mut [Active]) {
             return;
         }
         cx.stats.record_step(rows.len());
-        cx.engine.model.forward_batch(&mut rows)
+        // Decoding rows carry one token each; the rest are prompt.
+        let prompt_tokens = rows.iter().map(|r| r.tokens.len()).sum::<usize>().saturating_sub(decoding);
+        let started = Instant::now();
+        let result = cx.engine.model.forward_batch(&mut rows);
+        let secs = started.elapsed().as_secs_f64();
+        pacer.observe(decoding, prompt_tokens, secs);
+        tracing::trace!(decoding, prompt_tokens, chunk, ms = secs * 1e3, "pass");
+        result
     };
     let running = active.iter_mut().filter(|a| !a.seq.is_done());
     match result {

@@ -119,13 +119,32 @@ pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     hsum8(&acc)
 }
 
-/// One weight row against four activation rows (`w·a[r]`), each with exactly the
-/// arithmetic of the one-at-a-time kernel: the weight block is unpacked once for all
-/// four, and the four FMA chains overlap.
-pub(crate) type Dot4<W> = fn(&[W], [&[ActQ8]; 4]) -> [f32; 4];
+/// One weight row against `N` activation rows (`w·a[r]`), each with exactly the
+/// arithmetic of the one-at-a-time kernel: the weight block is unpacked once for all of
+/// them, and their FMA chains overlap.
+pub(crate) type DotN<W, const N: usize> = fn(&[W], [&[ActQ8]; N]) -> [f32; N];
+
+/// The two-, three- and four-row variants of one kernel.
+pub(crate) struct Dots<W> {
+    pub x2: DotN<W, 2>,
+    pub x3: DotN<W, 3>,
+    pub x4: DotN<W, 4>,
+}
+
+pub(crate) fn dots_q4_1() -> Dots<BlockQ4_1> {
+    Dots { x2: xn::q4_1_q8_1::<2>, x3: xn::q4_1_q8_1::<3>, x4: xn::q4_1_q8_1::<4> }
+}
+
+pub(crate) fn dots_q5_0() -> Dots<BlockQ5_0> {
+    Dots { x2: xn::q5_0_q8_0::<2>, x3: xn::q5_0_q8_0::<3>, x4: xn::q5_0_q8_0::<4> }
+}
+
+pub(crate) fn dots_q8_0() -> Dots<BlockQ8_0> {
+    Dots { x2: xn::q8_0_q8_0::<2>, x3: xn::q8_0_q8_0::<3>, x4: xn::q8_0_q8_0::<4> }
+}
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-mod x4 {
+mod xn {
     use std::arch::x86_64::*;
 
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0, hsum8};
@@ -135,7 +154,7 @@ mod x4 {
     // write an [f32; 8].
 
     #[inline]
-    fn finish(acc: [__m256; 4], extra: [f32; 4]) -> [f32; 4] {
+    fn finish<const N: usize>(acc: [__m256; N], extra: [f32; N]) -> [f32; N] {
         std::array::from_fn(|r| {
             let mut l = [0.0f32; 8];
             unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };
@@ -152,19 +171,19 @@ mod x4 {
         }
     }
 
-    fn blocks<W>(w: &[W], a: &[&[ActQ8]; 4]) -> usize {
+    fn blocks<W, const N: usize>(w: &[W], a: &[&[ActQ8]; N]) -> usize {
         a.iter().map(|a| a.len()).fold(w.len(), usize::min)
     }
 
-    pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
-        let mut summs = [0.0f32; 4];
+    pub(crate) fn q4_1_q8_1<const N: usize>(w: &[BlockQ4_1], a: [&[ActQ8]; N]) -> [f32; N] {
+        let mut acc = [unsafe { _mm256_setzero_ps() }; N];
+        let mut summs = [0.0f32; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             let (d, m) = (wb.d.to_f32(), wb.m.to_f32());
             unsafe {
                 let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
                 let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
-                for r in 0..4 {
+                for r in 0..N {
                     let ab = &a[r][b];
                     summs[r] = m.mul_add(ab.s, summs[r]);
                     acc[r] = step(acc[r], d * ab.d, x, _mm256_loadu_si256(ab.qs.as_ptr().cast()));
@@ -176,11 +195,11 @@ mod x4 {
 
     /// Signed weights `qs` with scale `d` against the four rows' block `b`.
     #[inline]
-    fn signed(qs: &[i8; 32], d: f32, a: &[&[ActQ8]; 4], b: usize, acc: &mut [__m256; 4]) {
+    fn signed<const N: usize>(qs: &[i8; 32], d: f32, a: &[&[ActQ8]; N], b: usize, acc: &mut [__m256; N]) {
         unsafe {
             let x = _mm256_loadu_si256(qs.as_ptr().cast());
             let ax = _mm256_sign_epi8(x, x);
-            for r in 0..4 {
+            for r in 0..N {
                 let ab = &a[r][b];
                 let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
                 acc[r] = step(acc[r], d * ab.d, ax, _mm256_sign_epi8(y, x));
@@ -188,39 +207,37 @@ mod x4 {
         }
     }
 
-    pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
+    pub(crate) fn q8_0_q8_0<const N: usize>(w: &[BlockQ8_0], a: [&[ActQ8]; N]) -> [f32; N] {
+        let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             signed(&wb.qs, wb.d.to_f32(), &a, b, &mut acc);
         }
-        finish(acc, [0.0; 4])
+        finish(acc, [0.0; N])
     }
 
-    pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
-        let mut acc = [unsafe { _mm256_setzero_ps() }; 4];
+    pub(crate) fn q5_0_q8_0<const N: usize>(w: &[BlockQ5_0], a: [&[ActQ8]; N]) -> [f32; N] {
+        let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             signed(&wb.qs, wb.d, &a, b, &mut acc);
         }
-        finish(acc, [0.0; 4])
+        finish(acc, [0.0; N])
     }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-mod x4 {
+mod xn {
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
-    pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: [&[ActQ8]; 4]) -> [f32; 4] {
+    pub(crate) fn q4_1_q8_1<const N: usize>(w: &[BlockQ4_1], a: [&[ActQ8]; N]) -> [f32; N] {
         a.map(|a| super::q4_1_q8_1(w, a))
     }
-    pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
+    pub(crate) fn q8_0_q8_0<const N: usize>(w: &[BlockQ8_0], a: [&[ActQ8]; N]) -> [f32; N] {
         a.map(|a| super::q8_0_q8_0(w, a))
     }
-    pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: [&[ActQ8]; 4]) -> [f32; 4] {
+    pub(crate) fn q5_0_q8_0<const N: usize>(w: &[BlockQ5_0], a: [&[ActQ8]; N]) -> [f32; N] {
         a.map(|a| super::q5_0_q8_0(w, a))
     }
 }
-
-pub(crate) use x4::{q4_1_q8_1 as q4_1_q8_1_x4, q5_0_q8_0 as q5_0_q8_0_x4, q8_0_q8_0 as q8_0_q8_0_x4};
 
 #[cfg(test)]
 mod tests {

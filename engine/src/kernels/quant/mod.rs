@@ -81,9 +81,9 @@ impl QuantMatMul {
         let n = self.n;
         let mut out_t = vec![0.0f32; n * m]; // [col][row], transposed below
         match &self.w {
-            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::q4_1_q8_1, dot::q4_1_q8_1_x4),
-            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q5_0_q8_0, dot::q5_0_q8_0_x4),
-            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q8_0_q8_0, dot::q8_0_q8_0_x4),
+            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::q4_1_q8_1, dot::dots_q4_1()),
+            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q5_0_q8_0, dot::dots_q5_0()),
+            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q8_0_q8_0, dot::dots_q8_0()),
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
                 let grouped = if super::batched(m) { m - m % 4 } else { 0 };
@@ -112,9 +112,11 @@ impl QuantMatMul {
         out
     }
 
-    /// `run` for kernels with a four-rows-at-a-time variant: from four rows up, each
-    /// column's rows go four at a time (the rest one by one). Decode stays on `run`: it
-    /// is bound by streaming the weights.
+    /// `run` for kernels with multi-row variants: from two rows up, each column's rows go
+    /// four at a time and a remainder of two or three together (the weight block is
+    /// unpacked once for the group); a single leftover row takes the one-row kernel, as
+    /// does one row alone (solo decode). Every row's arithmetic is the one-row kernel's
+    /// whichever path it takes.
     fn run4<W: Sync>(
         &self,
         w: &[W],
@@ -122,9 +124,9 @@ impl QuantMatMul {
         m: usize,
         out_t: &mut [f32],
         dot: fn(&[W], &[act::ActQ8]) -> f32,
-        dot4: dot::Dot4<W>,
+        dots: dot::Dots<W>,
     ) {
-        if m < 4 {
+        if m < 2 {
             return self.run(w, acts, m, out_t, |w, a, _| dot(w, a));
         }
         let kb = self.k_blocks;
@@ -134,13 +136,17 @@ impl QuantMatMul {
             for (i, col_out) in chunk.chunks_exact_mut(m).enumerate() {
                 let col = c * COLS + i;
                 let wr = &w[col * kb..(col + 1) * kb];
-                let mut quads = col_out.chunks_exact_mut(4);
-                for (q, o) in quads.by_ref().enumerate() {
-                    o.copy_from_slice(&dot4(wr, std::array::from_fn(|j| row(4 * q + j))));
-                }
-                let done = m / 4 * 4;
-                for (j, o) in quads.into_remainder().iter_mut().enumerate() {
-                    *o = dot(wr, row(done + j));
+                let mut r = 0;
+                while r < m {
+                    let take = (m - r).min(4);
+                    let o = &mut col_out[r..r + take];
+                    match take {
+                        1 => o[0] = dot(wr, row(r)),
+                        2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
+                        3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
+                        _ => o.copy_from_slice(&(dots.x4)(wr, std::array::from_fn(|j| row(r + j)))),
+                    }
+                    r += take;
                 }
             }
         });

@@ -1,0 +1,124 @@
+//! How many prompt tokens a newcomer may read in a pass that also carries decoding rows.
+//!
+//! A pass costs roughly "one decode step" plus "a per-token price for every prompt token
+//! in it". A fixed chunk makes the streams that are already decoding stall for as long as
+//! the newcomer's chunk takes; an unbounded one (llama.cpp's default) stalls them for the
+//! whole prompt. The pacer measures both costs as the engine runs and sizes each chunk so
+//! that a mixed pass takes about `1 + SHARE` decode steps: running streams slow down by a
+//! bounded, even amount while a long prompt arrives, and the prompt still advances every
+//! pass. With nobody decoding, prompts go in full `PREFILL_CHUNK`s. Chunking never changes
+//! output (the numerics are batch- and chunk-invariant), only who waits.
+
+use crate::generate::PREFILL_CHUNK;
+
+/// A mixed pass may cost this much more than a decode-only pass.
+pub const SHARE: f64 = 0.6;
+/// The least a prefilling row reads per mixed pass, and the most. Four rows is where the
+/// four-row matmul and the tiled attention (each K/V row converted once for the whole
+/// tile) start: a pass of one to three prompt tokens late in a long prompt costs about
+/// as much as a pass of four, since reading the prompt's own K/V dominates it.
+pub const MIN_CHUNK: usize = 4;
+pub const MAX_CHUNK: usize = 64;
+/// Weight of the newest observation in the running averages.
+const ALPHA: f64 = 0.25;
+
+#[derive(Clone, Debug, Default)]
+pub struct Pacer {
+    /// Seconds per decode-only pass.
+    decode_s: Option<f64>,
+    /// Seconds per prompt token, over what the pass's decoding rows cost.
+    token_s: Option<f64>,
+}
+
+impl Pacer {
+    /// Prompt tokens for each of `prefilling` rows in a pass with `decoding` other rows.
+    pub fn chunk(&self, decoding: usize, prefilling: usize) -> usize {
+        if decoding == 0 || prefilling == 0 {
+            return PREFILL_CHUNK;
+        }
+        match (self.decode_s, self.token_s) {
+            (Some(d), Some(t)) if t > 0.0 => {
+                let tokens = (SHARE * d / t / prefilling as f64).round() as usize;
+                tokens.clamp(MIN_CHUNK, MAX_CHUNK)
+            }
+            _ => MIN_CHUNK,
+        }
+    }
+
+    /// A pass with `decoding` one-token rows and `prompt_tokens` prompt tokens took `secs`.
+    pub fn observe(&mut self, decoding: usize, prompt_tokens: usize, secs: f64) {
+        if prompt_tokens == 0 {
+            if decoding > 0 {
+                self.decode_s = Some(ema(self.decode_s, secs));
+            }
+            return;
+        }
+        let base = if decoding > 0 { self.decode_s.unwrap_or(0.0) } else { 0.0 };
+        let per = (secs - base).max(secs * 0.05) / prompt_tokens as f64;
+        self.token_s = Some(ema(self.token_s, per));
+    }
+}
+
+fn ema(old: Option<f64>, new: f64) -> f64 {
+    match old {
+        Some(o) => o + ALPHA * (new - o),
+        None => new,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alone_or_without_decoders_prompts_go_in_full_chunks() {
+        let p = Pacer::default();
+        assert_eq!(p.chunk(0, 1), PREFILL_CHUNK);
+        assert_eq!(p.chunk(3, 0), PREFILL_CHUNK);
+    }
+
+    #[test]
+    fn before_any_measurement_a_newcomer_beside_decoders_reads_the_minimum() {
+        assert_eq!(Pacer::default().chunk(2, 1), MIN_CHUNK);
+    }
+
+    #[test]
+    fn a_chunk_costs_about_share_of_a_decode_step() {
+        let mut p = Pacer::default();
+        p.observe(3, 0, 0.020); // decode step 20 ms
+        p.observe(0, 512, 512.0 * 0.001); // 1 ms a prompt token
+        assert_eq!(p.chunk(3, 1), 12); // 0.6 × 20 ms / 1 ms
+        assert_eq!(p.chunk(3, 2), 6, "two newcomers share the allowance");
+    }
+
+    #[test]
+    fn mixed_passes_are_charged_beyond_the_decode_step() {
+        let mut p = Pacer::default();
+        p.observe(2, 0, 0.010);
+        p.observe(2, 4, 0.030); // 20 ms for 4 tokens on top of 10 ms
+        assert!((p.token_s.unwrap() - 0.005).abs() < 1e-9);
+        assert_eq!(p.chunk(2, 1), MIN_CHUNK, "0.6 × 10 / 5 = 1.2 → the minimum");
+        p.observe(2, 0, 0.200); // decode estimate 10 → 57.5 ms
+        assert_eq!(p.chunk(2, 1), 7, "0.6 × 57.5 / 5 = 6.9");
+    }
+
+    #[test]
+    fn averages_move_toward_new_costs_and_the_chunk_stays_in_bounds() {
+        let mut p = Pacer::default();
+        p.observe(1, 0, 1.0);
+        p.observe(0, 10, 1e-6);
+        assert_eq!(p.chunk(1, 1), MAX_CHUNK);
+        for _ in 0..50 {
+            p.observe(1, 0, 0.010);
+        }
+        assert!((p.decode_s.unwrap() - 0.010).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_pass_faster_than_its_decode_estimate_still_charges_something() {
+        let mut p = Pacer::default();
+        p.observe(2, 0, 0.050);
+        p.observe(2, 10, 0.040);
+        assert!(p.token_s.unwrap() > 0.0);
+    }
+}
