@@ -268,9 +268,9 @@ mod tests {
     use super::super::act::{quantize_q8_0, quantize_q8_1};
     use super::*;
 
-    /// The interleaved kernels compute exactly what the single ones compute.
+    /// The grouped kernels compute exactly what the single ones compute, for every group size.
     #[test]
-    fn x4_kernels_equal_single_kernels_bit_for_bit() {
+    fn grouped_kernels_equal_single_kernels_bit_for_bit() {
         let k = 256;
         let xs: Vec<Vec<f32>> = (0..4)
             .map(|r| (0..k).map(|i| (((i * 37 + r * 11) % 19) as f32 - 9.0) / (7.0 + r as f32)).collect())
@@ -283,14 +283,18 @@ mod tests {
         let w41 = parse_q4_1(&bytes(20, 1));
         let w80 = parse_q8_0(&bytes(34, 2));
         let w50 = parse_q5_0(&bytes(22, 3));
-        fn arr(v: &[Vec<ActQ8>]) -> [&[ActQ8]; 4] {
-            std::array::from_fn(|r| v[r].as_slice())
+        fn check<W>(w: &[W], a: &[Vec<ActQ8>], one: fn(&[W], &[ActQ8]) -> f32, dots: Dots<W>) {
+            let want: Vec<u32> = a.iter().map(|a| one(w, a).to_bits()).collect();
+            let got2 = (dots.x2)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
+            let got3 = (dots.x3)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
+            let got4 = (dots.x4)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
+            assert_eq!(got2[..], want[..2]);
+            assert_eq!(got3[..], want[..3]);
+            assert_eq!(got4[..], want[..4]);
         }
-        let bits = |x: [f32; 4]| x.map(f32::to_bits);
-        let want = |f: &dyn Fn(&[ActQ8]) -> f32, a: &[Vec<ActQ8>]| bits(std::array::from_fn(|r| f(&a[r])));
-        assert_eq!(bits(q4_1_q8_1_x4(&w41, arr(&a1))), want(&|a| q4_1_q8_1(&w41, a), &a1));
-        assert_eq!(bits(q8_0_q8_0_x4(&w80, arr(&a0))), want(&|a| q8_0_q8_0(&w80, a), &a0));
-        assert_eq!(bits(q5_0_q8_0_x4(&w50, arr(&a0))), want(&|a| q5_0_q8_0(&w50, a), &a0));
+        check(&w41, &a1, q4_1_q8_1, dots_q4_1());
+        check(&w80, &a0, q8_0_q8_0, dots_q8_0());
+        check(&w50, &a0, q5_0_q8_0, dots_q5_0());
     }
 
     /// Dequantize-and-multiply reference (exact up to activation quantization).
