@@ -13,11 +13,11 @@ use crate::generate::PREFILL_CHUNK;
 
 /// A mixed pass may cost this much more than a decode-only pass.
 pub const SHARE: f64 = 0.6;
-/// The least a prefilling row reads per mixed pass, and the most. Four rows is where the
-/// four-row matmul and the tiled attention (each K/V row converted once for the whole
-/// tile) start: a pass of one to three prompt tokens late in a long prompt costs about
-/// as much as a pass of four, since reading the prompt's own K/V dominates it.
-pub const MIN_CHUNK: usize = 4;
+/// The least a prefilling row reads per mixed pass, and the most. Late in a long prompt
+/// one of its tokens (attention over thousands of cached positions) can cost half a
+/// decode pass, so the floor is a single token: the prompt always advances, the running
+/// streams never wait more than about `1 + SHARE` passes.
+pub const MIN_CHUNK: usize = 1;
 pub const MAX_CHUNK: usize = 64;
 /// Weight of the newest observation in the running averages.
 const ALPHA: f64 = 0.25;
@@ -97,7 +97,8 @@ mod tests {
         p.observe(2, 0, 0.010);
         p.observe(2, 4, 0.030); // 20 ms for 4 tokens on top of 10 ms
         assert!((p.token_s.unwrap() - 0.005).abs() < 1e-9);
-        assert_eq!(p.chunk(2, 1), MIN_CHUNK, "0.6 × 10 / 5 = 1.2 → the minimum");
+        assert_eq!(p.chunk(2, 1), 1, "0.6 × 10 / 5 = 1.2");
+        assert_eq!(p.chunk(2, 2), MIN_CHUNK, "0.6 × 10 / 5 / 2 = 0.6 → never nothing");
         p.observe(2, 0, 0.200); // decode estimate 10 → 57.5 ms
         assert_eq!(p.chunk(2, 1), 7, "0.6 × 57.5 / 5 = 6.9");
     }
