@@ -43,6 +43,8 @@ def get_json(target, path):
     r = c.getresponse()
     body = r.read()
     c.close()
+    if r.status != 200:
+        raise RuntimeError(f"GET {path}: {r.status} {body[:200]!r}")
     return json.loads(body)
 
 

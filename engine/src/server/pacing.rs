@@ -6,7 +6,8 @@
 //! whole prompt. The pacer measures both costs as the engine runs and sizes each chunk so
 //! that a mixed pass takes about `1 + SHARE` decode steps: running streams slow down by a
 //! bounded, even amount while a long prompt arrives, and the prompt still advances every
-//! pass. With nobody decoding, prompts go in full `PREFILL_CHUNK`s. Chunking never changes
+//! pass. With nobody decoding, or more newcomers than decoding rows, prompts go in full
+//! `PREFILL_CHUNK`s. Chunking never changes
 //! output (the numerics are batch- and chunk-invariant), only who waits.
 
 use crate::generate::PREFILL_CHUNK;
@@ -32,8 +33,11 @@ pub struct Pacer {
 
 impl Pacer {
     /// Prompt tokens for each of `prefilling` rows in a pass with `decoding` other rows.
+    /// Pacing protects the streams from a minority of newcomers; when the newcomers are
+    /// the majority (a burst of requests), reading their prompts at full speed is what
+    /// most clients are waiting for.
     pub fn chunk(&self, decoding: usize, prefilling: usize) -> usize {
-        if decoding == 0 || prefilling == 0 {
+        if decoding == 0 || prefilling == 0 || prefilling > decoding {
             return PREFILL_CHUNK;
         }
         match (self.decode_s, self.token_s) {
@@ -78,6 +82,15 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_of_newcomers_outnumbering_the_streams_reads_at_full_speed() {
+        let mut p = Pacer::default();
+        p.observe(1, 0, 0.020);
+        p.observe(0, 512, 512.0 * 0.001);
+        assert_eq!(p.chunk(1, 7), PREFILL_CHUNK);
+        assert_eq!(p.chunk(2, 2), 6, "as many newcomers as streams: paced");
+    }
+
+    #[test]
     fn before_any_measurement_a_newcomer_beside_decoders_reads_the_minimum() {
         assert_eq!(Pacer::default().chunk(2, 1), MIN_CHUNK);
     }
@@ -89,6 +102,7 @@ mod tests {
         p.observe(0, 512, 512.0 * 0.001); // 1 ms a prompt token
         assert_eq!(p.chunk(3, 1), 12); // 0.6 × 20 ms / 1 ms
         assert_eq!(p.chunk(3, 2), 6, "two newcomers share the allowance");
+        assert_eq!(p.chunk(3, 3), 4);
     }
 
     #[test]
