@@ -7,6 +7,7 @@ use half::f16;
 
 use super::act::{ActQ8, QK};
 use super::simd;
+use super::stream::{collect_weights, prefetch};
 
 /// Q4_1: 32 4-bit values `q`, weight = d * q + m. Low nibbles are elements 0..16.
 /// Scales stay f16 as in the file (decode streams every weight once per token).
@@ -25,25 +26,23 @@ pub(crate) struct BlockQ5_0 {
 }
 
 pub(crate) fn parse_q5_0(bytes: &[u8]) -> Vec<BlockQ5_0> {
-    bytes
-        .chunks_exact(2 + 4 + QK / 2)
-        .map(|b| {
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            let nib = &b[6..];
-            let mut qs = [0i8; QK];
-            for (j, q) in qs.iter_mut().enumerate() {
-                let lo = if j < QK / 2 { nib[j] & 0xf } else { nib[j - QK / 2] >> 4 };
-                let hi = ((qh >> j) & 1) as u8;
-                *q = (lo | (hi << 4)) as i8 - 16;
-            }
-            BlockQ5_0 { d: f16_at(b, 0), qs }
-        })
-        .collect()
+    collect_weights(bytes.chunks_exact(2 + 4 + QK / 2).map(|b| {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let nib = &b[6..];
+        let mut qs = [0i8; QK];
+        for (j, q) in qs.iter_mut().enumerate() {
+            let lo = if j < QK / 2 { nib[j] & 0xf } else { nib[j - QK / 2] >> 4 };
+            let hi = ((qh >> j) & 1) as u8;
+            *q = (lo | (hi << 4)) as i8 - 16;
+        }
+        BlockQ5_0 { d: f16_at(b, 0), qs }
+    }))
 }
 
 pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: &[ActQ8]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
         fma_lanes(&mut acc, wb.d * ab.d, simd::i8_i8(&wb.qs, &ab.qs));
     }
     hsum8(&acc)
@@ -65,27 +64,21 @@ fn half_at(b: &[u8], i: usize) -> f16 {
 }
 
 pub(crate) fn parse_q4_1(bytes: &[u8]) -> Vec<BlockQ4_1> {
-    bytes
-        .chunks_exact(4 + QK / 2)
-        .map(|b| {
-            let mut qs = [0u8; QK / 2];
-            qs.copy_from_slice(&b[4..]);
-            BlockQ4_1 { d: half_at(b, 0), m: half_at(b, 2), qs }
-        })
-        .collect()
+    collect_weights(bytes.chunks_exact(4 + QK / 2).map(|b| {
+        let mut qs = [0u8; QK / 2];
+        qs.copy_from_slice(&b[4..]);
+        BlockQ4_1 { d: half_at(b, 0), m: half_at(b, 2), qs }
+    }))
 }
 
 pub(crate) fn parse_q8_0(bytes: &[u8]) -> Vec<BlockQ8_0> {
-    bytes
-        .chunks_exact(2 + QK)
-        .map(|b| {
-            let mut qs = [0i8; QK];
-            for (q, &v) in qs.iter_mut().zip(&b[2..]) {
-                *q = v as i8;
-            }
-            BlockQ8_0 { d: half_at(b, 0), qs }
-        })
-        .collect()
+    collect_weights(bytes.chunks_exact(2 + QK).map(|b| {
+        let mut qs = [0i8; QK];
+        for (q, &v) in qs.iter_mut().zip(&b[2..]) {
+            *q = v as i8;
+        }
+        BlockQ8_0 { d: half_at(b, 0), qs }
+    }))
 }
 
 #[inline]
@@ -105,6 +98,7 @@ pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: &[ActQ8]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut summs = 0.0f32;
     for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
         summs = wb.m.to_f32().mul_add(ab.s, summs);
         fma_lanes(&mut acc, wb.d.to_f32() * ab.d, simd::nib4_i8(&wb.qs, &ab.qs));
     }
@@ -114,6 +108,7 @@ pub(crate) fn q4_1_q8_1(w: &[BlockQ4_1], a: &[ActQ8]) -> f32 {
 pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
         fma_lanes(&mut acc, wb.d.to_f32() * ab.d, simd::i8_i8(&wb.qs, &ab.qs));
     }
     hsum8(&acc)
@@ -147,7 +142,7 @@ pub(crate) fn dots_q8_0() -> Dots<BlockQ8_0> {
 mod xn {
     use std::arch::x86_64::*;
 
-    use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0, hsum8};
+    use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0, hsum8, prefetch};
 
     // SAFETY (every block here): AVX2 and FMA are target features of this build; loads
     // read exactly the 16 or 32 bytes of the fixed-size arrays they are given, stores
@@ -179,6 +174,7 @@ mod xn {
         let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         let mut summs = [0.0f32; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
+            prefetch(wb);
             let (d, m) = (wb.d.to_f32(), wb.m.to_f32());
             unsafe {
                 let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
@@ -210,6 +206,7 @@ mod xn {
     pub(crate) fn q8_0_q8_0<const N: usize>(w: &[BlockQ8_0], a: [&[ActQ8]; N]) -> [f32; N] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
+            prefetch(wb);
             signed(&wb.qs, wb.d.to_f32(), &a, b, &mut acc);
         }
         finish(acc, [0.0; N])
@@ -218,6 +215,7 @@ mod xn {
     pub(crate) fn q5_0_q8_0<const N: usize>(w: &[BlockQ5_0], a: [&[ActQ8]; N]) -> [f32; N] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
+            prefetch(wb);
             signed(&wb.qs, wb.d, &a, b, &mut acc);
         }
         finish(acc, [0.0; N])

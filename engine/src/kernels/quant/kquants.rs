@@ -15,6 +15,7 @@ use half::f16;
 use super::act::{ActQ8K, QK_K};
 use super::dot::{fma_lanes, hsum8};
 use super::simd;
+use super::stream::{collect_weights, prefetch};
 
 /// 32 values starting at `i` as a fixed-size array.
 #[inline]
@@ -37,30 +38,27 @@ pub(crate) struct BlockQ4K {
 }
 
 pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
-    bytes
-        .chunks_exact(4 + 12 + QK_K / 2)
-        .map(|b| {
-            let s = &b[4..16];
-            let (mut scales, mut mins) = ([0u8; 8], [0u8; 8]);
-            for j in 0..8 {
-                // ggml's get_scale_min_k4: 6-bit scales and mins packed in 12 bytes.
-                (scales[j], mins[j]) = if j < 4 {
-                    (s[j] & 63, s[j + 4] & 63)
-                } else {
-                    ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-                };
+    collect_weights(bytes.chunks_exact(4 + 12 + QK_K / 2).map(|b| {
+        let s = &b[4..16];
+        let (mut scales, mut mins) = ([0u8; 8], [0u8; 8]);
+        for j in 0..8 {
+            // ggml's get_scale_min_k4: 6-bit scales and mins packed in 12 bytes.
+            (scales[j], mins[j]) = if j < 4 {
+                (s[j] & 63, s[j + 4] & 63)
+            } else {
+                ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+            };
+        }
+        let qs = &b[16..];
+        let mut q = [0u8; QK_K];
+        for j in 0..4 {
+            for l in 0..32 {
+                q[64 * j + l] = qs[32 * j + l] & 0xf;
+                q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
             }
-            let qs = &b[16..];
-            let mut q = [0u8; QK_K];
-            for j in 0..4 {
-                for l in 0..32 {
-                    q[64 * j + l] = qs[32 * j + l] & 0xf;
-                    q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
-                }
-            }
-            BlockQ4K { d: f16_at(b, 0), dmin: f16_at(b, 2), scales, mins, q }
-        })
-        .collect()
+        }
+        BlockQ4K { d: f16_at(b, 0), dmin: f16_at(b, 2), scales, mins, q }
+    }))
 }
 
 /// Which of ggml's repacked Q4_K kernels a row goes through.
@@ -73,6 +71,7 @@ pub(crate) enum Q4KPath {
 pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
     let (mut acc, mut acc_min) = (0.0f32, 0.0f32);
     for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
         let (ds, dm) = (wb.d * ab.d, wb.dmin * ab.d);
         // Integer sums are exact in any order: scaled lanes accumulate as a vector and
         // are summed once per float step (per pair for Gemm, per block for Gemv).
@@ -106,34 +105,32 @@ pub(crate) struct BlockQ6K {
 }
 
 pub(crate) fn parse_q6_k(bytes: &[u8]) -> Vec<BlockQ6K> {
-    bytes
-        .chunks_exact(QK_K / 2 + QK_K / 4 + 16 + 2)
-        .map(|b| {
-            let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
-            let mut q = [0u8; QK_K];
-            for j in 0..2 {
-                let (ql, qh) = (&ql[64 * j..], &qh[32 * j..]);
-                for l in 0..32 {
-                    let o = 128 * j;
-                    q[o + l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
-                    q[o + 32 + l] = (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4);
-                    q[o + 64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                    q[o + 96 + l] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-                }
+    collect_weights(bytes.chunks_exact(QK_K / 2 + QK_K / 4 + 16 + 2).map(|b| {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let mut q = [0u8; QK_K];
+        for j in 0..2 {
+            let (ql, qh) = (&ql[64 * j..], &qh[32 * j..]);
+            for l in 0..32 {
+                let o = 128 * j;
+                q[o + l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
+                q[o + 32 + l] = (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4);
+                q[o + 64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                q[o + 96 + l] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
             }
-            let mut scales = [0i8; 16];
-            for (d, &s) in scales.iter_mut().zip(sc) {
-                *d = s as i8;
-            }
-            BlockQ6K { d: f16_at(b, 208), scales, q }
-        })
-        .collect()
+        }
+        let mut scales = [0i8; 16];
+        for (d, &s) in scales.iter_mut().zip(sc) {
+            *d = s as i8;
+        }
+        BlockQ6K { d: f16_at(b, 208), scales, q }
+    }))
 }
 
 /// The tiled kernel's arithmetic (batches of 8 rows or more).
 pub(crate) fn q6_k_q8_k_tiled(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
     let mut acc = 0.0f32;
     for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
         let mut s = 0i32;
         for g in 0..8 {
             // Lanes 0..4 are the first 16 values (one scale), 4..8 the next 16.
@@ -153,6 +150,7 @@ pub(crate) fn q6_k_q8_k_tiled(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
 pub(crate) fn q6_k_q8_k(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
         let d = ab.d * wb.d;
         let mut lanes = [0i32; 8];
         for g in 0..8 {

@@ -16,6 +16,7 @@ mod act;
 mod dot;
 mod kquants;
 mod simd;
+mod stream;
 
 use candle_core::quantized::GgmlDType;
 
