@@ -13,16 +13,16 @@ use super::stream::{collect_weights, prefetch};
 /// Scales stay f16 as in the file (decode streams every weight once per token).
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ4_1 {
-    d: f16,
-    m: f16,
-    qs: [u8; QK / 2],
+    pub(super) d: f16,
+    pub(super) m: f16,
+    pub(super) qs: [u8; QK / 2],
 }
 
 /// Q5_0: 32 5-bit values, weight = d * (q - 16), held here as the signed result.
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ5_0 {
-    d: f32,
-    qs: [i8; QK],
+    pub(super) d: f32,
+    pub(super) qs: [i8; QK],
 }
 
 pub(crate) fn parse_q5_0(bytes: &[u8]) -> Vec<BlockQ5_0> {
@@ -51,8 +51,8 @@ pub(crate) fn q5_0_q8_0(w: &[BlockQ5_0], a: &[ActQ8]) -> f32 {
 /// Q8_0: 32 signed bytes, weight = d * q.
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ8_0 {
-    d: f16,
-    qs: [i8; QK],
+    pub(super) d: f16,
+    pub(super) qs: [i8; QK],
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {

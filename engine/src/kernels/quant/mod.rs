@@ -13,6 +13,7 @@
 //! use candle's kernels (`super::linear`).
 
 mod act;
+mod cols;
 mod dot;
 mod kquants;
 mod simd;
@@ -82,9 +83,15 @@ impl QuantMatMul {
         let n = self.n;
         let mut out_t = vec![0.0f32; n * m]; // [col][row], transposed below
         match &self.w {
-            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::q4_1_q8_1, dot::dots_q4_1()),
-            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q5_0_q8_0, dot::dots_q5_0()),
-            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q8_0_q8_0, dot::dots_q8_0()),
+            Weights::Q4_1(w) => {
+                self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::q4_1_q8_1, dot::dots_q4_1(), cols::q4_1_q8_1::<4>)
+            }
+            Weights::Q5_0(w) => {
+                self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q5_0_q8_0, dot::dots_q5_0(), cols::q5_0_q8_0::<4>)
+            }
+            Weights::Q8_0(w) => {
+                self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q8_0_q8_0, dot::dots_q8_0(), cols::q8_0_q8_0::<4>)
+            }
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
                 let grouped = if super::batched(m) { m - m % 4 } else { 0 };
@@ -115,9 +122,9 @@ impl QuantMatMul {
 
     /// `run` for kernels with multi-row variants: from two rows up, each column's rows go
     /// four at a time and a remainder of two or three together (the weight block is
-    /// unpacked once for the group); a single leftover row takes the one-row kernel, as
-    /// does one row alone (solo decode). Every row's arithmetic is the one-row kernel's
-    /// whichever path it takes.
+    /// unpacked once for the group); a single leftover row takes the one-row kernel. One
+    /// row alone (solo decode) goes four columns at a time (`run_cols`). Every row's
+    /// arithmetic is the one-row kernel's whichever path it takes.
     fn run4<W: Sync>(
         &self,
         w: &[W],
@@ -126,9 +133,10 @@ impl QuantMatMul {
         out_t: &mut [f32],
         dot: fn(&[W], &[act::ActQ8]) -> f32,
         dots: dot::Dots<W>,
+        cols4: cols::ColsN<W, 4>,
     ) {
         if m < 2 {
-            return self.run(w, acts, m, out_t, |w, a, _| dot(w, a));
+            return self.run_cols(w, acts, out_t, dot, cols4);
         }
         let kb = self.k_blocks;
         let work = m * self.n * self.k;
@@ -149,6 +157,30 @@ impl QuantMatMul {
                     }
                     r += take;
                 }
+            }
+        });
+    }
+
+    /// One row (decode): columns four at a time, a ragged end one by one.
+    fn run_cols<W: Sync>(
+        &self,
+        w: &[W],
+        acts: &[act::ActQ8],
+        out_t: &mut [f32],
+        dot: fn(&[W], &[act::ActQ8]) -> f32,
+        cols: cols::ColsN<W, 4>,
+    ) {
+        let kb = self.k_blocks;
+        let col = |c: usize| &w[c * kb..(c + 1) * kb];
+        parallel_chunks(out_t, COLS, self.n * self.k, |c, chunk| {
+            let first = c * COLS;
+            let done = chunk.len() / 4 * 4;
+            let mut quads = chunk.chunks_exact_mut(4);
+            for (q, o) in quads.by_ref().enumerate() {
+                o.copy_from_slice(&cols(std::array::from_fn(|j| col(first + 4 * q + j)), acts));
+            }
+            for (i, o) in quads.into_remainder().iter_mut().enumerate() {
+                *o = dot(col(first + done + i), acts);
             }
         });
     }
