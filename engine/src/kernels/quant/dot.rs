@@ -6,6 +6,7 @@
 use half::f16;
 
 use super::act::{ActQ8, QK};
+use super::cols::{self, ColsN};
 use super::simd;
 use super::stream::{collect_weights, prefetch};
 
@@ -119,23 +120,44 @@ pub(crate) fn q8_0_q8_0(w: &[BlockQ8_0], a: &[ActQ8]) -> f32 {
 /// them, and their FMA chains overlap.
 pub(crate) type DotN<W, const N: usize> = fn(&[W], [&[ActQ8]; N]) -> [f32; N];
 
-/// The two-, three- and four-row variants of one kernel.
+/// One kernel in every shape: one row against one column, two to four rows against one
+/// column (prefill, batches), one row against four columns (decode, `super::cols`).
 pub(crate) struct Dots<W> {
+    pub one: fn(&[W], &[ActQ8]) -> f32,
+    pub cols4: ColsN<W, 4>,
     pub x2: DotN<W, 2>,
     pub x3: DotN<W, 3>,
     pub x4: DotN<W, 4>,
 }
 
 pub(crate) fn dots_q4_1() -> Dots<BlockQ4_1> {
-    Dots { x2: xn::q4_1_q8_1::<2>, x3: xn::q4_1_q8_1::<3>, x4: xn::q4_1_q8_1::<4> }
+    Dots {
+        one: q4_1_q8_1,
+        cols4: cols::q4_1_q8_1::<4>,
+        x2: xn::q4_1_q8_1::<2>,
+        x3: xn::q4_1_q8_1::<3>,
+        x4: xn::q4_1_q8_1::<4>,
+    }
 }
 
 pub(crate) fn dots_q5_0() -> Dots<BlockQ5_0> {
-    Dots { x2: xn::q5_0_q8_0::<2>, x3: xn::q5_0_q8_0::<3>, x4: xn::q5_0_q8_0::<4> }
+    Dots {
+        one: q5_0_q8_0,
+        cols4: cols::q5_0_q8_0::<4>,
+        x2: xn::q5_0_q8_0::<2>,
+        x3: xn::q5_0_q8_0::<3>,
+        x4: xn::q5_0_q8_0::<4>,
+    }
 }
 
 pub(crate) fn dots_q8_0() -> Dots<BlockQ8_0> {
-    Dots { x2: xn::q8_0_q8_0::<2>, x3: xn::q8_0_q8_0::<3>, x4: xn::q8_0_q8_0::<4> }
+    Dots {
+        one: q8_0_q8_0,
+        cols4: cols::q8_0_q8_0::<4>,
+        x2: xn::q8_0_q8_0::<2>,
+        x3: xn::q8_0_q8_0::<3>,
+        x4: xn::q8_0_q8_0::<4>,
+    }
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
@@ -281,8 +303,8 @@ mod tests {
         let w41 = parse_q4_1(&bytes(20, 1));
         let w80 = parse_q8_0(&bytes(34, 2));
         let w50 = parse_q5_0(&bytes(22, 3));
-        fn check<W>(w: &[W], a: &[Vec<ActQ8>], one: fn(&[W], &[ActQ8]) -> f32, dots: Dots<W>) {
-            let want: Vec<u32> = a.iter().map(|a| one(w, a).to_bits()).collect();
+        fn check<W>(w: &[W], a: &[Vec<ActQ8>], dots: Dots<W>) {
+            let want: Vec<u32> = a.iter().map(|a| (dots.one)(w, a).to_bits()).collect();
             let got2 = (dots.x2)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
             let got3 = (dots.x3)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
             let got4 = (dots.x4)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
@@ -290,9 +312,9 @@ mod tests {
             assert_eq!(got3[..], want[..3]);
             assert_eq!(got4[..], want[..4]);
         }
-        check(&w41, &a1, q4_1_q8_1, dots_q4_1());
-        check(&w80, &a0, q8_0_q8_0, dots_q8_0());
-        check(&w50, &a0, q5_0_q8_0, dots_q5_0());
+        check(&w41, &a1, dots_q4_1());
+        check(&w80, &a0, dots_q8_0());
+        check(&w50, &a0, dots_q5_0());
     }
 
     /// Dequantize-and-multiply reference (exact up to activation quantization).

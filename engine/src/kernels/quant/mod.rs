@@ -83,15 +83,9 @@ impl QuantMatMul {
         let n = self.n;
         let mut out_t = vec![0.0f32; n * m]; // [col][row], transposed below
         match &self.w {
-            Weights::Q4_1(w) => {
-                self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::q4_1_q8_1, dot::dots_q4_1(), cols::q4_1_q8_1::<4>)
-            }
-            Weights::Q5_0(w) => {
-                self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q5_0_q8_0, dot::dots_q5_0(), cols::q5_0_q8_0::<4>)
-            }
-            Weights::Q8_0(w) => {
-                self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::q8_0_q8_0, dot::dots_q8_0(), cols::q8_0_q8_0::<4>)
-            }
+            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::dots_q4_1()),
+            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::dots_q5_0()),
+            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::dots_q8_0()),
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
                 let grouped = if super::batched(m) { m - m % 4 } else { 0 };
@@ -125,18 +119,10 @@ impl QuantMatMul {
     /// unpacked once for the group); a single leftover row takes the one-row kernel. One
     /// row alone (solo decode) goes four columns at a time (`run_cols`). Every row's
     /// arithmetic is the one-row kernel's whichever path it takes.
-    fn run4<W: Sync>(
-        &self,
-        w: &[W],
-        acts: &[act::ActQ8],
-        m: usize,
-        out_t: &mut [f32],
-        dot: fn(&[W], &[act::ActQ8]) -> f32,
-        dots: dot::Dots<W>,
-        cols4: cols::ColsN<W, 4>,
-    ) {
+    fn run4<W: Sync>(&self, w: &[W], acts: &[act::ActQ8], m: usize, out_t: &mut [f32], dots: dot::Dots<W>) {
+        let dot = dots.one;
         if m < 2 {
-            return self.run_cols(w, acts, out_t, dot, cols4);
+            return self.run_cols(w, acts, out_t, dot, dots.cols4);
         }
         let kb = self.k_blocks;
         let work = m * self.n * self.k;
