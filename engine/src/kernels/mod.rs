@@ -67,6 +67,47 @@ pub(crate) fn parallel_chunks(out: &mut [f32], chunk: usize, work: usize, f: imp
     });
 }
 
+/// Fill `out` (`[m, n]`, row-major) a chunk of `cols` columns at a time on the worker
+/// pool: `f(c, tile)` computes columns `c * cols ..` (fewer in the last chunk) into
+/// `tile`, laid out `[column][row]`, which is then copied into place. Matmul kernels
+/// produce a column's rows together; the copy from a cache-resident tile replaces a
+/// transpose of the whole output (8.6 % of a Gemma prefill).
+pub(crate) fn parallel_columns(
+    out: &mut [f32],
+    m: usize,
+    cols: usize,
+    work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    /// `out`'s base, shared by the tasks; each writes only its own columns.
+    struct Base(*mut f32);
+    // SAFETY: tasks write disjoint elements (see below), so sharing the pointer is sound.
+    unsafe impl Sync for Base {}
+    let n = out.len() / m.max(1);
+    debug_assert_eq!(n * m, out.len());
+    let base = Base(out.as_mut_ptr());
+    parallel_for(n.div_ceil(cols), work, |range| {
+        let base = &base;
+        let mut tile = vec![0.0f32; cols * m];
+        for c in range {
+            let first = c * cols;
+            let width = cols.min(n - first);
+            let tile = &mut tile[..width * m];
+            f(c, tile);
+            for (j, column) in tile.chunks_exact(m).enumerate() {
+                for (r, &v) in column.iter().enumerate() {
+                    debug_assert!(r * n + first + j < n * m);
+                    // SAFETY: `r < m` and `first + j < n`, so the index is inside `out`,
+                    // which outlives this call; chunk `c` is handed to exactly one task and
+                    // owns columns `first..first + width`, so no element is written twice
+                    // or read while written.
+                    unsafe { *base.0.add(r * n + first + j) = v };
+                }
+            }
+        }
+    });
+}
+
 /// Run `f` over `0..n` items on candle's CPU worker pool (the one its matmuls use, so
 /// our kernels never compete with spinning matmul workers), or inline when the work is
 /// too small to pay for waking the pool.
@@ -76,5 +117,29 @@ pub(crate) fn parallel_for(n: usize, work: usize, f: impl Fn(std::ops::Range<usi
         f(0..n);
     } else {
         candle_core::utils::barrier_pool().execute_chunked(n, f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every element lands at its row and column, ragged last chunk included, on the pool
+    /// and inline.
+    #[test]
+    fn parallel_columns_places_every_column() {
+        for (m, n, work) in [(3, 37, 1 << 20), (1, 50, 1 << 20), (5, 16, 0), (2, 1, 0)] {
+            let mut out = vec![f32::NAN; m * n];
+            super::parallel_columns(&mut out, m, 16, work, |c, tile| {
+                for (j, column) in tile.chunks_exact_mut(m).enumerate() {
+                    for (r, v) in column.iter_mut().enumerate() {
+                        *v = ((c * 16 + j) * 1000 + r) as f32;
+                    }
+                }
+            });
+            for r in 0..m {
+                for col in 0..n {
+                    assert_eq!(out[r * n + col], (col * 1000 + r) as f32, "m={m} n={n} r={r} col={col}");
+                }
+            }
+        }
     }
 }

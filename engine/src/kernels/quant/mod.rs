@@ -21,7 +21,7 @@ mod stream;
 
 use candle_core::quantized::GgmlDType;
 
-use super::parallel_chunks;
+use super::parallel_columns;
 use crate::error::{Error, Result};
 
 use act::{Q8KSign, QK, QK_K, quantize_q8_0, quantize_q8_1, quantize_q8_k};
@@ -81,34 +81,23 @@ impl QuantMatMul {
     /// `x` is `[m, k]`; returns `[m, n]`.
     pub(crate) fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
         let n = self.n;
-        let mut out_t = vec![0.0f32; n * m]; // [col][row], transposed below
+        let mut out = vec![0.0f32; m * n];
         match &self.w {
-            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out_t, dot::dots_q4_1()),
-            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::dots_q5_0()),
-            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out_t, dot::dots_q8_0()),
+            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out, dot::dots_q4_1()),
+            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out, dot::dots_q5_0()),
+            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out, dot::dots_q8_0()),
             Weights::Q4K(w) => {
                 // ggml's repacked kernel takes rows four at a time, the remainder one by one.
                 let grouped = if super::batched(m) { m - m % 4 } else { 0 };
                 let path = |r: usize| {
                     if r < grouped { Q4KPath::Gemm } else { Q4KPath::Gemv }
                 };
-                self.run(w, &q8k_rows_for_q4k(x, m, grouped), m, &mut out_t, |w, a, r| {
-                    kquants::q4_k_q8_k(w, a, path(r))
-                })
+                self.run(w, &q8k_rows_for_q4k(x, m, grouped), m, &mut out, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
             }
             Weights::Q6K(w) => {
                 // ggml takes its tiled K-quant path from 8 rows up.
                 let dot = if m >= 8 && super::batched(m) { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
-                self.run(w, &quantize_q8_k(x, Q8KSign::FirstMax), m, &mut out_t, |w, a, _| dot(w, a))
-            }
-        }
-        if m == 1 {
-            return out_t;
-        }
-        let mut out = vec![0.0f32; m * n];
-        for (col, rows) in out_t.chunks_exact(m).enumerate() {
-            for (r, v) in rows.iter().enumerate() {
-                out[r * n + col] = *v;
+                self.run(w, &quantize_q8_k(x, Q8KSign::FirstMax), m, &mut out, |w, a, _| dot(w, a))
             }
         }
         out
@@ -119,15 +108,15 @@ impl QuantMatMul {
     /// unpacked once for the group); a single leftover row takes the one-row kernel. One
     /// row alone (solo decode) goes four columns at a time (`run_cols`). Every row's
     /// arithmetic is the one-row kernel's whichever path it takes.
-    fn run4<W: Sync>(&self, w: &[W], acts: &[act::ActQ8], m: usize, out_t: &mut [f32], dots: dot::Dots<W>) {
+    fn run4<W: Sync>(&self, w: &[W], acts: &[act::ActQ8], m: usize, out: &mut [f32], dots: dot::Dots<W>) {
         let dot = dots.one;
         if m < 2 {
-            return self.run_cols(w, acts, out_t, dot, dots.cols4);
+            return self.run_cols(w, acts, out, dot, dots.cols4);
         }
         let kb = self.k_blocks;
         let work = m * self.n * self.k;
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        parallel_chunks(out_t, COLS * m, work, |c, chunk| {
+        parallel_columns(out, m, COLS, work, |c, chunk| {
             for (i, col_out) in chunk.chunks_exact_mut(m).enumerate() {
                 let col = c * COLS + i;
                 let wr = &w[col * kb..(col + 1) * kb];
@@ -152,13 +141,13 @@ impl QuantMatMul {
         &self,
         w: &[W],
         acts: &[act::ActQ8],
-        out_t: &mut [f32],
+        out: &mut [f32],
         dot: fn(&[W], &[act::ActQ8]) -> f32,
         cols: cols::ColsN<W, 4>,
     ) {
         let kb = self.k_blocks;
         let col = |c: usize| &w[c * kb..(c + 1) * kb];
-        parallel_chunks(out_t, COLS, self.n * self.k, |c, chunk| {
+        parallel_columns(out, 1, COLS, self.n * self.k, |c, chunk| {
             let first = c * COLS;
             let done = chunk.len() / 4 * 4;
             let mut quads = chunk.chunks_exact_mut(4);
@@ -177,12 +166,12 @@ impl QuantMatMul {
         w: &[W],
         acts: &[A],
         m: usize,
-        out_t: &mut [f32],
+        out: &mut [f32],
         dot: impl Fn(&[W], &[A], usize) -> f32 + Sync,
     ) {
         let kb = self.k_blocks;
         let work = m * self.n * self.k;
-        parallel_chunks(out_t, COLS * m, work, |c, chunk| {
+        parallel_columns(out, m, COLS, work, |c, chunk| {
             for (i, col_out) in chunk.chunks_exact_mut(m).enumerate() {
                 let col = c * COLS + i;
                 let wr = &w[col * kb..(col + 1) * kb];
