@@ -64,6 +64,63 @@ pub fn attention(cache: &SeqCache, layer: usize, pos0: usize, q: &[f32], spec: &
     tiled(cache, layer, pos0, q, spec, order, work)
 }
 
+/// Attention for the sequences of a batch, `parts` being `(cache, pos0, q)` as for
+/// `attention`; returns their outputs stacked in order. Sequences with only a few query
+/// rows (decoding ones) are done together in one parallel call whose work items are
+/// (sequence, K/V head): the head's K and V rows are converted once for its whole group
+/// of query heads, and a layer of a batch costs one pool barrier instead of one per
+/// sequence. Each (row, head) keeps exactly `attention`'s arithmetic (`attend_tile`).
+/// Sequences with many rows (prefill), and batches too small to keep every thread busy
+/// that way, go through `attention` one by one.
+pub fn attention_batch(parts: &[(&SeqCache, usize, &[f32])], layer: usize, spec: &AttnSpec) -> Vec<f32> {
+    let (hd, n_kv) = (spec.head_dim, spec.n_kv_heads);
+    let q_dim = spec.n_heads * hd;
+    let rows = |q: &[f32]| q.len() / q_dim;
+    let short = parts.iter().filter(|p| rows(p.2) < MIN_TILED_ROWS).count();
+    if short < 2 || short * n_kv < 2 * candle_core::utils::get_num_threads() {
+        return parts.iter().flat_map(|&(cache, pos0, q)| attention(cache, layer, pos0, q, spec)).collect();
+    }
+    grouped(parts, layer, spec)
+}
+
+/// `attention_batch`'s shared call: every short sequence's (sequence, K/V head) items
+/// on the pool together, the long ones one by one.
+fn grouped(parts: &[(&SeqCache, usize, &[f32])], layer: usize, spec: &AttnSpec) -> Vec<f32> {
+    let (hd, n_kv) = (spec.head_dim, spec.n_kv_heads);
+    let q_dim = spec.n_heads * hd;
+    let group = spec.n_heads / n_kv;
+    let rows = |q: &[f32]| q.len() / q_dim;
+    let short: Vec<usize> = (0..parts.len()).filter(|&p| rows(parts[p].2) < MIN_TILED_ROWS).collect();
+    let items: Vec<(usize, usize)> = short.iter().flat_map(|&p| (0..n_kv).map(move |g| (p, g))).collect();
+    let chunk = (MIN_TILED_ROWS - 1) * group * hd;
+    let work = short.iter().map(|&p| rows(parts[p].2) * (parts[p].1 + rows(parts[p].2)) * q_dim).sum();
+    let mut buf = vec![0.0f32; items.len() * chunk];
+    parallel_chunks(&mut buf, chunk, work, |i, o| {
+        let (p, g) = items[i];
+        let (cache, pos0, q) = parts[p];
+        let order = if super::batched(rows(q)) { Order::Batched } else { Order::Single };
+        attend_tile(cache, layer, pos0, q, spec, order, g, 0..rows(q), o);
+    });
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.2.len()).sum());
+    let mut tiles = buf.chunks_exact(chunk);
+    for &(cache, pos0, q) in parts {
+        if rows(q) >= MIN_TILED_ROWS {
+            out.extend(attention(cache, layer, pos0, q, spec));
+            continue;
+        }
+        let base = out.len();
+        out.resize(base + q.len(), 0.0);
+        // This sequence's tiles, one per K/V head: [its rows][group][hd] each.
+        for (g, tile) in tiles.by_ref().take(n_kv).enumerate() {
+            for t in 0..rows(q) {
+                let at = base + (t * spec.n_heads + g * group) * hd;
+                out[at..at + group * hd].copy_from_slice(&tile[t * group * hd..][..group * hd]);
+            }
+        }
+    }
+    out
+}
+
 /// Below this many query rows, one work item per (row, head) keeps both threads busy.
 const MIN_TILED_ROWS: usize = 4;
 /// Per-tile accumulator budget (query rows x heads x lanes x head_dim floats).
@@ -532,6 +589,36 @@ mod tests {
                     assert!(same, "row {t} head {h} window {window:?}");
                 }
             }
+        }
+    }
+
+    /// A batch's attention equals each sequence's own, bit for bit: decoding rows
+    /// (grouped per K/V head in one call) and a prefill among them.
+    #[test]
+    fn batch_attention_equals_each_sequence_alone() {
+        let (hd, n_kv, n_heads) = (64, 2, 6);
+        let caches: Vec<(SeqCache, usize, usize)> = [(40, 1), (75, 1), (33, 2), (90, 5), (12, 1), (61, 3), (8, 1)]
+            .iter()
+            .enumerate()
+            .map(|(s, &(n, t_len))| {
+                let f = move |i: usize| ((i * 7919 + s * 131) % 1000) as f32 / 400.0 - 1.2;
+                (filled_cache(n, n_kv * hd, f, 17).0, n - t_len, t_len)
+            })
+            .collect();
+        let qs: Vec<Vec<f32>> = caches
+            .iter()
+            .enumerate()
+            .map(|(s, c)| (0..c.2 * n_heads * hd).map(|i| ((i * 31 + s) % 97) as f32 / 50.0 - 1.0).collect())
+            .collect();
+        for window in [None, Some(20usize)] {
+            let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window };
+            let parts: Vec<(&SeqCache, usize, &[f32])> =
+                caches.iter().zip(&qs).map(|(c, q)| (&c.0, c.1, q.as_slice())).collect();
+            let got = grouped(&parts, 0, &spec);
+            assert_eq!(attention_batch(&parts, 0, &spec), got);
+            let want: Vec<f32> = parts.iter().flat_map(|&(c, pos0, q)| attention(c, 0, pos0, q, &spec)).collect();
+            assert_eq!(got.len(), want.len());
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "window {window:?}");
         }
     }
 

@@ -14,7 +14,7 @@ mod linear;
 pub mod ops;
 mod quant;
 
-pub use attention::{AttnSpec, attention};
+pub use attention::{AttnSpec, attention, attention_batch};
 pub use linear::{Embedding, Linear};
 
 use std::cell::Cell;

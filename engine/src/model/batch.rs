@@ -8,7 +8,7 @@
 //! row's own cache, so a row's logits are bit-identical to the same tokens run alone.
 
 use crate::kernels::ops::RopeTable;
-use crate::kernels::{AttnSpec, attention};
+use crate::kernels::{AttnSpec, attention_batch};
 use crate::kv::SeqCache;
 use crate::model::Logits;
 
@@ -69,13 +69,16 @@ impl Spans {
         spec: &AttnSpec,
     ) -> Vec<f32> {
         let (q_dim, kv_dim) = (q.len() / self.total, k.len() / self.total);
-        let mut out = Vec::with_capacity(q.len());
         for (r, &(at, n, pos0)) in rows.iter_mut().zip(&self.spans) {
             let kv = at * kv_dim..(at + n) * kv_dim;
             r.cache.write(layer, pos0, &k[kv.clone()], &v[kv]);
-            out.extend(attention(r.cache, layer, pos0, &q[at * q_dim..(at + n) * q_dim], spec));
         }
-        out
+        let parts: Vec<(&SeqCache, usize, &[f32])> = rows
+            .iter()
+            .zip(&self.spans)
+            .map(|(r, &(at, n, pos0))| (&*r.cache, pos0, &q[at * q_dim..(at + n) * q_dim]))
+            .collect();
+        attention_batch(&parts, layer, spec)
     }
 
     /// Mark every row's new positions valid (after the whole pass succeeded).
