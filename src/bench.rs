@@ -1,5 +1,6 @@
 //! `corral bench`: llama-bench-style throughput of the engine in-process: prefill of a
-//! synthetic prompt (`pp`) and decode of greedy tokens from an empty context (`tg`),
+//! synthetic prompt (`pp`) and decode of greedy tokens (`tg`) from an empty context or
+//! after `--depth` tokens,
 //! printed as one JSON line per repetition for `scripts/bench-engine`.
 
 use std::time::Instant;
@@ -21,6 +22,10 @@ pub struct BenchArgs {
     /// Tokens to decode.
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
+    /// Context already in the cache when decoding starts (llama-bench's `-d`): the first
+    /// `depth` tokens of a synthetic prompt, prefilled untimed.
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
     /// Repetitions (after one warm-up).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -40,7 +45,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let vocab = engine.config().vocab as u64;
     // Deterministic pseudo-random prompt (like llama-bench's random tokens).
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let prompt: Vec<u32> = (0..args.prompt_tokens)
+    let prompt: Vec<u32> = (0..args.prompt_tokens.max(args.depth))
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -51,12 +56,15 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     for rep in 0..=args.reps {
         let mut cache = engine.model.new_cache();
         let t = Instant::now();
-        for chunk in prompt.chunks(corral_engine::generate::PREFILL_CHUNK) {
+        for chunk in prompt[..args.prompt_tokens].chunks(corral_engine::generate::PREFILL_CHUNK) {
             engine.model.forward(chunk, &mut cache, Logits::Last)?;
         }
         let pp = t.elapsed().as_secs_f64();
 
         let mut cache = engine.model.new_cache();
+        for chunk in prompt[..args.depth].chunks(corral_engine::generate::PREFILL_CHUNK) {
+            engine.model.forward(chunk, &mut cache, Logits::Last)?;
+        }
         let mut tok = engine.tokenizer.bos().unwrap_or(prompt[0]);
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
@@ -73,6 +81,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                     "pp_tokens": args.prompt_tokens,
                     "pp_tok_s": args.prompt_tokens as f64 / pp,
                     "tg_tokens": args.gen_tokens,
+                    "tg_depth": args.depth,
                     "tg_tok_s": args.gen_tokens as f64 / tg,
                 })
             );

@@ -384,7 +384,13 @@ mod tests {
     /// orders, with and without a window, for tiles that end mid-way.
     #[test]
     fn tiles_compute_exactly_what_single_items_compute() {
-        let (hd, n_kv, n_heads, n) = (64, 2, 6, 150);
+        for hd in [64, 128, 80] {
+            tiles_equal_items(hd);
+        }
+    }
+
+    fn tiles_equal_items(hd: usize) {
+        let (n_kv, n_heads, n) = (2, 6, 150);
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 300.0) - 1.6;
         let (cache, _, _) = filled_cache(n, n_kv * hd, f, 29);
         for order in [Order::Single, Order::Batched] {
@@ -398,7 +404,7 @@ mod tests {
                     let mut want = vec![0.0f32; hd];
                     attend_one(&cache, 0, pos0 + t, h, &spec, order, &f16_rounded(&q[item * hd..][..hd]), &mut want);
                     let same = want.iter().zip(&got[item * hd..][..hd]).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "row {t} head {h} window {window:?}");
+                    assert!(same, "hd {hd} row {t} head {h} window {window:?}");
                 }
             }
         }
@@ -432,5 +438,34 @@ mod tests {
             assert_eq!(got.len(), want.len());
             assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "window {window:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+    use crate::kv::KvShape;
+
+    /// One decode step's attention over a long context, per (row, head).
+    #[test]
+    #[ignore = "micro-benchmark: cargo test --release -p corral-engine attend_speed -- --ignored --nocapture"]
+    fn attend_speed() {
+        let (hd, n_kv, n_heads, n) = (64, 3, 9, 3500);
+        let mut cache = SeqCache::new(KvShape { n_layers: 1, kv_dim: n_kv * hd });
+        cache.reserve(n);
+        let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;
+        let k: Vec<f32> = (0..n * n_kv * hd).map(f).collect();
+        let v: Vec<f32> = (0..n * n_kv * hd).map(|i| f(i + 3)).collect();
+        cache.write(0, 0, &k, &v);
+        let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window: None };
+        let q: Vec<f32> = (0..hd).map(|i| f(i + 11)).collect();
+        let mut out = vec![0.0f32; hd];
+        let reps = 200;
+        let t = std::time::Instant::now();
+        for r in 0..reps {
+            attend_one(&cache, 0, n - 1, r % n_heads, &spec, Order::Single, &q, &mut out);
+        }
+        let ns = t.elapsed().as_secs_f64() * 1e9 / (reps * n) as f64;
+        eprintln!("attend_one: {ns:.2} ns per key ({})", out[0]);
     }
 }
