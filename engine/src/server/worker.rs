@@ -174,10 +174,13 @@ fn run(
         if !active.is_empty() {
             step(&cx, &mut pacer, &mut active);
         }
-        for a in extract_done(&mut active) {
+        // Finished rows give their KV reservation back before their clients hear the end,
+        // so a client that reads /stats after its response sees it released.
+        let done = extract_done(&mut active);
+        stats.kv_bytes.store(active.iter().map(|a| a.kv_bytes).sum(), Ordering::Relaxed);
+        for a in done {
             complete(&cx, a);
         }
-        stats.kv_bytes.store(active.iter().map(|a| a.kv_bytes).sum(), Ordering::Relaxed);
         if active.is_empty() && waiting.is_none() && stats.queue_depth.load(Ordering::SeqCst) == 0 {
             pc.set_busy(false);
         }
