@@ -1,0 +1,170 @@
+// Quantized GEMV / small-m GEMM: y[r][row] = W[row] . x[r] for up to MAXM activation rows,
+// weights read once for all of them. One warp per output row; lane i takes the i-th work
+// item (a block of 32, or a 64-value pair / 32-value group of a 256 super-block), so the
+// 32 lanes of a warp read one contiguous span of the repacked quant bytes (coalesced).
+// Integer sums go through dp4a and are exact; each item adds d_w * d_a * isum in f32.
+//
+// Repacked weight layout (struct of arrays, `weights.rs`), per block in row-major order:
+//   qs:  the quant bytes as in the GGUF block (Q6_K: ql then qh), QB bytes a block;
+//   d:   f32 scale;  m: f32 (Q4_1 min, Q4_K dmin);
+//   aux: Q5_0 the 32 high bits; Q4_K 8 six-bit scales then 8 mins, unpacked; Q6_K scales.
+// Activations: int8 values row after row, one f32 scale per block, Q8_1 sums, Q8_K bsums.
+
+#define MAXM 8
+
+struct Args {
+    const u8* qs; const float* d; const float* m; const u8* aux;
+    const i8* aq; const float* ad; const float* as; const int* abs;
+    float* y; int n; int kb; int rows;
+};
+
+__device__ __forceinline__ int sum_bytes(int a) { return __dp4a(a, 0x01010101, 0); }
+
+// Spread 4 bits into bit 4 of each of 4 bytes.
+__device__ __forceinline__ int spread4(u32 b) {
+    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
+}
+
+// Types: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0 (blocks of 32 against Q8_0/Q8_1 blocks).
+template <int T>
+__device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc) {
+    const size_t blk = (size_t)row * a.kb + b;
+    int w[8];
+    if (T == 3) {
+        const uint4 w0 = *(const uint4*)(a.qs + blk * 32);
+        const uint4 w1 = *(const uint4*)(a.qs + blk * 32 + 16);
+        w[0] = w0.x; w[1] = w0.y; w[2] = w0.z; w[3] = w0.w;
+        w[4] = w1.x; w[5] = w1.y; w[6] = w1.z; w[7] = w1.w;
+    } else {
+        const uint4 p = *(const uint4*)(a.qs + blk * 16);
+        const u32 pw[4] = {p.x, p.y, p.z, p.w};
+        u32 qh = 0;
+        if (T == 2) qh = *(const u32*)(a.aux + blk * 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = pw[i] & 0x0f0f0f0fu;
+            w[4 + i] = (pw[i] >> 4) & 0x0f0f0f0fu;
+            if (T == 2) {
+                w[i] |= spread4((qh >> (4 * i)) & 0xfu);
+                w[4 + i] |= spread4((qh >> (16 + 4 * i)) & 0xfu);
+            }
+        }
+    }
+    const float dw = a.d[blk];
+    for (int r = 0; r < a.rows; r++) {
+        const size_t ab = (size_t)r * a.kb + b;
+        const uint4 x0 = *(const uint4*)(a.aq + ab * 32);
+        const uint4 x1 = *(const uint4*)(a.aq + ab * 32 + 16);
+        const int x[8] = {(int)x0.x, (int)x0.y, (int)x0.z, (int)x0.w,
+                          (int)x1.x, (int)x1.y, (int)x1.z, (int)x1.w};
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = __dp4a(w[i], x[i], s);
+        if (T == 0 || T == 2) {
+            int sx = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) sx = __dp4a(x[i], 0x01010101, sx);
+            s -= (T == 0 ? 8 : 16) * sx;
+        }
+        const float dd = __fmul_rn(dw, a.ad[ab]);
+        acc[r] = fmaf(dd, (float)s, acc[r]);
+        if (T == 1) acc[r] = fmaf(a.m[blk], a.as[ab], acc[r]);
+    }
+}
+
+// Q4_K: item = (super-block sb, pair p): 32 bytes whose low nibbles are values 64p..64p+32
+// (sub-block 2p) and high nibbles the next 32 (sub-block 2p+1).
+__device__ __forceinline__ void item_q4k(const Args& a, int row, int it, float* acc) {
+    const int sb = it >> 2, p = it & 3;
+    const size_t blk = (size_t)row * a.kb + sb;
+    const uint4 q0 = *(const uint4*)(a.qs + blk * 128 + 32 * p);
+    const uint4 q1 = *(const uint4*)(a.qs + blk * 128 + 32 * p + 16);
+    const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    const u8* sm = a.aux + blk * 16;
+    const int sc0 = sm[2 * p], sc1 = sm[2 * p + 1], mn0 = sm[8 + 2 * p], mn1 = sm[8 + 2 * p + 1];
+    const float d = a.d[blk], dmin = a.m[blk];
+    for (int r = 0; r < a.rows; r++) {
+        const size_t ab = (size_t)r * a.kb + sb;
+        const int* x = (const int*)(a.aq + ab * 256 + 64 * p);
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            slo = __dp4a((int)(q[i] & 0x0f0f0f0fu), x[i], slo);
+            shi = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), x[8 + i], shi);
+        }
+        const int* bs = a.abs + ab * 16 + 4 * p;
+        const int isum = sc0 * slo + sc1 * shi;
+        const int imin = mn0 * (bs[0] + bs[1]) + mn1 * (bs[2] + bs[3]);
+        const float da = a.ad[ab];
+        acc[r] = fmaf(__fmul_rn(d, da), (float)isum, acc[r]);
+        acc[r] = fmaf(-__fmul_rn(dmin, da), (float)imin, acc[r]);
+    }
+}
+
+// Q6_K: item = (super-block sb, group g = 4j + k of 32 values): low 4 bits from
+// ql[64j + 32(k&1) + l] (nibble k>>1), high 2 bits from qh[32j + l] >> 2k; values - 32.
+__device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* acc) {
+    const int sb = it >> 3, g = it & 7, j = g >> 2, k = g & 3;
+    const size_t blk = (size_t)row * a.kb + sb;
+    const u32* ql = (const u32*)(a.qs + blk * 192 + 64 * j + 32 * (k & 1));
+    const u32* qh = (const u32*)(a.qs + blk * 192 + 128 + 32 * j);
+    int q[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const u32 lo = (ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu;
+        const u32 hi = ((qh[i] >> (2 * k)) & 0x03030303u) << 4;
+        q[i] = (int)(lo | hi);
+    }
+    const i8* sc = (const i8*)(a.aux + blk * 16);
+    const int sc0 = sc[2 * g], sc1 = sc[2 * g + 1];
+    const float d = a.d[blk];
+    for (int r = 0; r < a.rows; r++) {
+        const size_t ab = (size_t)r * a.kb + sb;
+        const int* x = (const int*)(a.aq + ab * 256 + 32 * g);
+        int slo = 0, shi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            slo = __dp4a(q[i], x[i], slo);
+            shi = __dp4a(q[4 + i], x[4 + i], shi);
+        }
+        const int* bs = a.abs + ab * 16 + 2 * g;
+        const int isum = sc0 * (slo - 32 * bs[0]) + sc1 * (shi - 32 * bs[1]);
+        acc[r] = fmaf(__fmul_rn(d, a.ad[ab]), (float)isum, acc[r]);
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void gemv(const Args& a) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= a.n) return;
+    float acc[MAXM];
+#pragma unroll
+    for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
+    const int items = T == 4 ? a.kb * 4 : T == 5 ? a.kb * 8 : a.kb;
+    for (int it = lane; it < items; it += 32) {
+        if (T == 4) item_q4k(a, row, it, acc);
+        else if (T == 5) item_q6k(a, row, it, acc);
+        else item32<T>(a, row, it, acc);
+    }
+    for (int r = 0; r < a.rows; r++) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0) a.y[(size_t)r * a.n + row] = s;
+    }
+}
+
+#define GEMV(NAME, T)                                                                       \
+    extern "C" __global__ void NAME(const u8* qs, const float* d, const float* m,           \
+                                    const u8* aux, const i8* aq, const float* ad,           \
+                                    const float* as, const int* abs, float* y, int n,       \
+                                    int kb, int rows) {                                     \
+        const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows};                    \
+        gemv<T>(a);                                                                         \
+    }
+
+GEMV(gemv_q4_0, 0)
+GEMV(gemv_q4_1, 1)
+GEMV(gemv_q5_0, 2)
+GEMV(gemv_q8_0, 3)
+GEMV(gemv_q4_k, 4)
+GEMV(gemv_q6_k, 5)
