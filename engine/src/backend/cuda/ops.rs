@@ -5,7 +5,7 @@ use candle_core::quantized::GgmlDType;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
-use super::programs::{GEMV, OPS, QUANTIZE};
+use super::programs::{EMBED, GEMV, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
 use crate::kernels::ops::RopeStyle;
@@ -65,6 +65,14 @@ fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
     Ok(LaunchConfig { grid_dim: (int(grid)? as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 })
 }
 
+/// The kernels' number for a weight format (`type` in `gemv.cu` / `embed.cu`).
+fn type_index(dtype: GgmlDType) -> Result<usize> {
+    let all = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+    all.iter()
+        .position(|&t| t == dtype)
+        .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
+}
+
 impl DeviceAct {
     pub fn alloc(gpu: &Gpu, format: ActFormat, rows: usize, k: usize) -> Result<Self> {
         shape(k.is_multiple_of(format.block()), || format!("k = {k} is not a multiple of {}", format.block()))?;
@@ -121,15 +129,8 @@ impl Gpu {
         })?;
         shape(act.k == w.k, || format!("activations have k = {}, weights {}", act.k, w.k))?;
         shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
-        let name = match w.dtype {
-            GgmlDType::Q4_0 => "gemv_q4_0",
-            GgmlDType::Q4_1 => "gemv_q4_1",
-            GgmlDType::Q5_0 => "gemv_q5_0",
-            GgmlDType::Q8_0 => "gemv_q8_0",
-            GgmlDType::Q4K => "gemv_q4_k",
-            _ => "gemv_q6_k",
-        };
-        let f = self.function(&GEMV, name)?;
+        let names = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
+        let f = self.function(&GEMV, names[type_index(w.dtype)?])?;
         let bs = act.format.block();
         let kb = w.k / bs;
         let (n, kbi) = (int(w.n)?, int(kb)?);
@@ -265,6 +266,24 @@ impl Gpu {
         b.arg(x).arg(&ni).arg(out);
         // SAFETY: rows*n values in x, rows in out.
         unsafe { b.launch(cfg) }.map_err(drv("argmax"))?;
+        Ok(())
+    }
+
+    /// Embedding lookup: `out[r]` = row `ids[r]` of `w`, dequantized (`out` is
+    /// `[ids.len(), w.k]`). Ids must be `< w.n`; the caller validates them.
+    pub fn embed(&self, w: &DeviceWeights, ids: &CudaSlice<i32>, out: &mut CudaSlice<f32>) -> Result<()> {
+        let rows = ids.len();
+        shape(out.len() >= rows * w.k, || format!("out has {} values, need {rows} x {}", out.len(), w.k))?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&EMBED, "embed_rows")?;
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (k, ty) = (int(w.k)?, int(type_index(w.dtype)?)?);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux).arg(ids).arg(out).arg(&k).arg(&ty);
+        // SAFETY: ids index rows of w (validated by the caller); out holds rows*k.
+        unsafe { b.launch(cfg) }.map_err(drv("embed_rows"))?;
         Ok(())
     }
 }

@@ -12,9 +12,10 @@ const COMMON: &str = include_str!("kernels/common.cuh");
 pub const QUANTIZE: Program = Program { name: "quantize", body: include_str!("kernels/quantize.cu") };
 pub const GEMV: Program = Program { name: "gemv", body: include_str!("kernels/gemv.cu") };
 pub const OPS: Program = Program { name: "ops", body: include_str!("kernels/ops.cu") };
+pub const EMBED: Program = Program { name: "embed", body: include_str!("kernels/embed.cu") };
 
 /// Every program, in load order.
-pub const ALL: [&Program; 3] = [&QUANTIZE, &GEMV, &OPS];
+pub const ALL: [&Program; 4] = [&QUANTIZE, &GEMV, &OPS, &EMBED];
 
 impl Program {
     /// The full text handed to NVRTC.

@@ -173,6 +173,34 @@ fn cuda_gemv_matches_cpu() {
     }
 }
 
+/// Dequantized rows equal candle's (ggml's) dequantization; the same products in the
+/// same order, so the bound is tight.
+const EMBED_BOUND: f64 = 1e-7;
+
+#[test]
+fn cuda_embedding_rows_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_embedding_rows_match_cpu");
+    let cpu = candle_core::Device::Cpu;
+    for dtype in TYPES {
+        let (n, k) = (97, 768);
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        let table = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &bytes, vec![n, k], &cpu)
+            .expect("qtensor")
+            .dequantize(&cpu)
+            .expect("dequantize")
+            .to_vec2::<f32>()
+            .expect("rows");
+        let mut ids: Vec<i32> = (0..9).map(|_| rng.random_range(0..n as i32)).collect();
+        ids.extend([0, n as i32 - 1]);
+        let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize].clone()).collect();
+        let w = DeviceWeights::upload(g, "w", dtype, &bytes, k, n).expect("upload");
+        let mut out = nans(g, ids.len() * k);
+        g.embed(&w, &up(g, &ids), &mut out).expect("embed");
+        rel_err(&format!("embed {dtype:?} rows={}", ids.len()), &down(g, &out), &want, EMBED_BOUND);
+    }
+}
+
 /// Activation quantization must equal the CPU's bit for bit (bound: 0 differences).
 #[test]
 fn cuda_quantize_matches_cpu_exactly() {

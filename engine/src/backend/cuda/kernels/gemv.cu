@@ -1,6 +1,6 @@
 // Quantized GEMV / small-m GEMM: y[r][row] = W[row] . x[r] for up to MAXM activation rows,
 // weights read once for all of them. One warp per output row; lane i takes the i-th work
-// item (a block of 32, or a 64-value pair / 32-value group of a 256 super-block), so the
+// item (a block of 32, or 16 quant bytes / 16 values of a 256 super-block), so the
 // 32 lanes of a warp read one contiguous span of the repacked quant bytes (coalesced).
 // Integer sums go through dp4a and are exact; each item adds d_w * d_a * isum in f32.
 //
@@ -72,63 +72,64 @@ __device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc
     }
 }
 
-// Q4_K: item = (super-block sb, pair p): 32 bytes whose low nibbles are values 64p..64p+32
-// (sub-block 2p) and high nibbles the next 32 (sub-block 2p+1).
+// Q4_K: item = (super-block sb, 16-byte slice q = 2p + h): its low nibbles are values
+// 64p + 16h .. +16 (sub-block 2p), its high nibbles values 64p + 32 + 16h .. +16
+// (sub-block 2p + 1). Sixteen-byte items keep every lane's loads like Q4_0's.
 __device__ __forceinline__ void item_q4k(const Args& a, int row, int it, float* acc) {
-    const int sb = it >> 2, p = it & 3;
+    const int sb = it >> 3, q16 = it & 7, p = q16 >> 1, h = q16 & 1;
     const size_t blk = (size_t)row * a.kb + sb;
-    const uint4 q0 = *(const uint4*)(a.qs + blk * 128 + 32 * p);
-    const uint4 q1 = *(const uint4*)(a.qs + blk * 128 + 32 * p + 16);
-    const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    const u8* sm = a.aux + blk * 16;
-    const int sc0 = sm[2 * p], sc1 = sm[2 * p + 1], mn0 = sm[8 + 2 * p], mn1 = sm[8 + 2 * p + 1];
+    const uint4 qv = *(const uint4*)(a.qs + blk * 128 + 16 * q16);
+    const u32 q[4] = {qv.x, qv.y, qv.z, qv.w};
+    const uchar2 sc4 = *(const uchar2*)(a.aux + blk * 16 + 2 * p);
+    const uchar2 mn4 = *(const uchar2*)(a.aux + blk * 16 + 8 + 2 * p);
+    const int sc0 = sc4.x, sc1 = sc4.y, mn0 = mn4.x, mn1 = mn4.y;
     const float d = a.d[blk], dmin = a.m[blk];
     for (int r = 0; r < a.rows; r++) {
         const size_t ab = (size_t)r * a.kb + sb;
-        const int* x = (const int*)(a.aq + ab * 256 + 64 * p);
+        const int4 xl = *(const int4*)(a.aq + ab * 256 + 64 * p + 16 * h);
+        const int4 xh = *(const int4*)(a.aq + ab * 256 + 64 * p + 32 + 16 * h);
+        const int xlo[4] = {xl.x, xl.y, xl.z, xl.w}, xhi[4] = {xh.x, xh.y, xh.z, xh.w};
         int slo = 0, shi = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            slo = __dp4a((int)(q[i] & 0x0f0f0f0fu), x[i], slo);
-            shi = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), x[8 + i], shi);
+        for (int i = 0; i < 4; i++) {
+            slo = __dp4a((int)(q[i] & 0x0f0f0f0fu), xlo[i], slo);
+            shi = __dp4a((int)((q[i] >> 4) & 0x0f0f0f0fu), xhi[i], shi);
         }
-        const int* bs = a.abs + ab * 16 + 4 * p;
+        const int* bs = a.abs + ab * 16 + 4 * p + h;
         const int isum = sc0 * slo + sc1 * shi;
-        const int imin = mn0 * (bs[0] + bs[1]) + mn1 * (bs[2] + bs[3]);
+        const int imin = mn0 * bs[0] + mn1 * bs[2];
         const float da = a.ad[ab];
         acc[r] = fmaf(__fmul_rn(d, da), (float)isum, acc[r]);
         acc[r] = fmaf(-__fmul_rn(dmin, da), (float)imin, acc[r]);
     }
 }
 
-// Q6_K: item = (super-block sb, group g = 4j + k of 32 values): low 4 bits from
-// ql[64j + 32(k&1) + l] (nibble k>>1), high 2 bits from qh[32j + l] >> 2k; values - 32.
+// Q6_K: item = (super-block sb, group g = 4j + k of 32 values, half h): 16 values whose
+// low 4 bits are ql[64j + 32(k&1) + 16h + l] (nibble k>>1) and high 2 bits
+// qh[32j + 16h + l] >> 2k; values - 32, scale 2g + h.
 __device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* acc) {
-    const int sb = it >> 3, g = it & 7, j = g >> 2, k = g & 3;
+    const int sb = it >> 4, g = (it >> 1) & 7, h = it & 1, j = g >> 2, k = g & 3;
     const size_t blk = (size_t)row * a.kb + sb;
-    const u32* ql = (const u32*)(a.qs + blk * 192 + 64 * j + 32 * (k & 1));
-    const u32* qh = (const u32*)(a.qs + blk * 192 + 128 + 32 * j);
-    int q[8];
+    const uint4 lv = *(const uint4*)(a.qs + blk * 192 + 64 * j + 32 * (k & 1) + 16 * h);
+    const uint4 hv = *(const uint4*)(a.qs + blk * 192 + 128 + 32 * j + 16 * h);
+    const u32 ql[4] = {lv.x, lv.y, lv.z, lv.w}, qh[4] = {hv.x, hv.y, hv.z, hv.w};
+    int q[4];
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 4; i++) {
         const u32 lo = (ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu;
         const u32 hi = ((qh[i] >> (2 * k)) & 0x03030303u) << 4;
         q[i] = (int)(lo | hi);
     }
-    const i8* sc = (const i8*)(a.aux + blk * 16);
-    const int sc0 = sc[2 * g], sc1 = sc[2 * g + 1];
+    const int sc = ((const i8*)(a.aux + blk * 16))[2 * g + h];
     const float d = a.d[blk];
     for (int r = 0; r < a.rows; r++) {
         const size_t ab = (size_t)r * a.kb + sb;
-        const int* x = (const int*)(a.aq + ab * 256 + 32 * g);
-        int slo = 0, shi = 0;
+        const int4 xv = *(const int4*)(a.aq + ab * 256 + 32 * g + 16 * h);
+        const int x[4] = {xv.x, xv.y, xv.z, xv.w};
+        int s = 0;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            slo = __dp4a(q[i], x[i], slo);
-            shi = __dp4a(q[4 + i], x[4 + i], shi);
-        }
-        const int* bs = a.abs + ab * 16 + 2 * g;
-        const int isum = sc0 * (slo - 32 * bs[0]) + sc1 * (shi - 32 * bs[1]);
+        for (int i = 0; i < 4; i++) s = __dp4a(q[i], x[i], s);
+        const int isum = sc * (s - 32 * a.abs[ab * 16 + 2 * g + h]);
         acc[r] = fmaf(__fmul_rn(d, a.ad[ab]), (float)isum, acc[r]);
     }
 }
@@ -141,7 +142,7 @@ __device__ __forceinline__ void gemv(const Args& a) {
     float acc[MAXM];
 #pragma unroll
     for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
-    const int items = T == 4 ? a.kb * 4 : T == 5 ? a.kb * 8 : a.kb;
+    const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 16 : a.kb;
     for (int it = lane; it < items; it += 32) {
         if (T == 4) item_q4k(a, row, it, acc);
         else if (T == 5) item_q6k(a, row, it, acc);
