@@ -20,6 +20,6 @@ mod tests;
 mod tests_ops;
 
 pub use device::{Gpu, compile_cubin};
-pub use ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS};
+pub use ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, RopeSpec};
 pub use probe::{Library, Presence, Unavailable};
-pub use weights::DeviceWeights;
+pub use weights::{DeviceWeights, MatrixBytes};

@@ -39,6 +39,15 @@ impl ActFormat {
     }
 }
 
+/// The shape and kind of a rotary embedding.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeSpec {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub base: f32,
+    pub style: RopeStyle,
+}
+
 /// Quantized activations `[rows, k]` on the device.
 pub struct DeviceAct {
     pub format: ActFormat,
@@ -123,6 +132,17 @@ impl Gpu {
     /// `y[r][j] = W[j] . x[r]` for every row of `act` (already quantized for `w`);
     /// `y` is `[act.rows, w.n]`.
     pub fn gemv(&self, w: &DeviceWeights, act: &DeviceAct, y: &mut CudaSlice<f32>) -> Result<()> {
+        self.gemv_variant(w, act, y, false)
+    }
+
+    /// `gemv`, or with `wide` the Q6_K kernel variant under evaluation (64-value items).
+    pub(crate) fn gemv_variant(
+        &self,
+        w: &DeviceWeights,
+        act: &DeviceAct,
+        y: &mut CudaSlice<f32>,
+        wide: bool,
+    ) -> Result<()> {
         let want = ActFormat::for_weights(w.dtype);
         shape(want == Some(act.format), || {
             format!("{:?} weights need {want:?} activations, got {:?}", w.dtype, act.format)
@@ -130,7 +150,8 @@ impl Gpu {
         shape(act.k == w.k, || format!("activations have k = {}, weights {}", act.k, w.k))?;
         shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
         let names = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
-        let f = self.function(&GEMV, names[type_index(w.dtype)?])?;
+        let name = if wide && w.dtype == GgmlDType::Q6K { "gemv_q6_k_wide" } else { names[type_index(w.dtype)?] };
+        let f = self.function(&GEMV, name)?;
         let bs = act.format.block();
         let kb = w.k / bs;
         let (n, kbi) = (int(w.n)?, int(kb)?);
@@ -186,15 +207,8 @@ impl Gpu {
     }
 
     /// Rotate `x` (`[rows][heads][head_dim]`) in place; row r is at position `pos[r]`.
-    pub fn rope(
-        &self,
-        x: &mut CudaSlice<f32>,
-        pos: &CudaSlice<i32>,
-        heads: usize,
-        head_dim: usize,
-        base: f32,
-        style: RopeStyle,
-    ) -> Result<()> {
+    pub fn rope(&self, x: &mut CudaSlice<f32>, pos: &CudaSlice<i32>, spec: RopeSpec) -> Result<()> {
+        let RopeSpec { heads, head_dim, base, style } = spec;
         let rows = pos.len();
         shape(head_dim.is_multiple_of(2) && head_dim <= 2048 && x.len() == rows * heads * head_dim, || {
             format!("x has {} values, not {rows} x {heads} x {head_dim}", x.len())

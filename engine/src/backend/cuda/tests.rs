@@ -162,13 +162,18 @@ fn cuda_gemv_matches_cpu() {
             let bytes = random_weights(&mut rng, dtype, n, k);
             let x = randn(&mut rng, m * k, 2.0);
             let want = cpu_matmul(dtype, &bytes, &x, m, k, n);
-            let w = DeviceWeights::upload(g, "w", dtype, &bytes, k, n).expect("upload");
+            let w = DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload");
             let fmt = ActFormat::for_weights(dtype).expect("supported");
             let mut act = DeviceAct::alloc(g, fmt, m, k).expect("alloc");
             let xd = up(g, &x);
             let mut y = nans(g, m * n);
             g.matmul(&w, &xd, &mut act, &mut y).expect("matmul");
             rel_err(&format!("gemv {dtype:?} n={n} k={k} m={m}"), &down(g, &y), &want, GEMV_BOUND);
+            if dtype == GgmlDType::Q6K {
+                let mut y = nans(g, m * n);
+                g.gemv_variant(&w, &act, &mut y, true).expect("gemv wide");
+                rel_err(&format!("gemv Q6K wide n={n} k={k} m={m}"), &down(g, &y), &want, GEMV_BOUND);
+            }
         }
     }
 }
@@ -194,7 +199,7 @@ fn cuda_embedding_rows_match_cpu() {
         let mut ids: Vec<i32> = (0..9).map(|_| rng.random_range(0..n as i32)).collect();
         ids.extend([0, n as i32 - 1]);
         let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize].clone()).collect();
-        let w = DeviceWeights::upload(g, "w", dtype, &bytes, k, n).expect("upload");
+        let w = DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload");
         let mut out = nans(g, ids.len() * k);
         g.embed(&w, &up(g, &ids), &mut out).expect("embed");
         rel_err(&format!("embed {dtype:?} rows={}", ids.len()), &down(g, &out), &want, EMBED_BOUND);
@@ -245,15 +250,19 @@ fn cuda_gemv_bandwidth() {
     let Some(g) = gpu() else { return };
     let mut rng = rng("cuda_gemv_bandwidth");
     let (n, k) = (14336, 4096);
-    for dtype in [GgmlDType::Q4_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+    let cases = TYPES.iter().map(|&t| (t, 1, false));
+    for (dtype, m, wide) in
+        cases.chain([(GgmlDType::Q6K, 1, true), (GgmlDType::Q4_0, 4, false), (GgmlDType::Q4K, 4, false)])
+    {
         let bytes = random_weights(&mut rng, dtype, n, k);
-        let copies: Vec<DeviceWeights> =
-            (0..12).map(|_| DeviceWeights::upload(g, "w", dtype, &bytes, k, n).expect("upload")).collect();
-        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), 1, k).expect("alloc");
-        g.quantize(&up(g, &randn(&mut rng, k, 1.0)), &mut act).expect("quantize");
-        let mut y = nans(g, n);
+        let copies: Vec<DeviceWeights> = (0..12)
+            .map(|_| DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload"))
+            .collect();
+        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), m, k).expect("alloc");
+        g.quantize(&up(g, &randn(&mut rng, m * k, 1.0)), &mut act).expect("quantize");
+        let mut y = nans(g, m * n);
         for w in &copies {
-            g.gemv(w, &act, &mut y).expect("warm-up");
+            g.gemv_variant(w, &act, &mut y, wide).expect("warm-up");
         }
         let ev = |_: ()| g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
         let (start, end) = (ev(()), ev(()));
@@ -261,7 +270,7 @@ fn cuda_gemv_bandwidth() {
         start.record(&g.stream).expect("record");
         for _ in 0..reps {
             for w in &copies {
-                g.gemv(w, &act, &mut y).expect("gemv");
+                g.gemv_variant(w, &act, &mut y, wide).expect("gemv");
             }
         }
         end.record(&g.stream).expect("record");
@@ -270,7 +279,8 @@ fn cuda_gemv_bandwidth() {
         let launches = (reps * copies.len()) as f64;
         let gbs = copies[0].device_bytes() as f64 * launches / (ms * 1e-3) / 1e9;
         println!(
-            "bandwidth {dtype:?} {n}x{k} ({:.1} MB): {:.1} us per GEMV, {gbs:.0} GB/s",
+            "bandwidth {dtype:?}{} {n}x{k} m={m} ({:.1} MB): {:.1} us per GEMV, {gbs:.0} GB/s",
+            if wide { " wide" } else { "" },
             copies[0].device_bytes() as f64 / 1e6,
             ms * 1e3 / launches
         );

@@ -1,6 +1,7 @@
 //! Row ops through the CPU (`kernels::ops`) and the CUDA kernels, bounded per op (see
 //! `tests.rs` for the harness).
 
+use super::RopeSpec;
 use super::tests::{down, gpu, nans, randn, rel_err, rng, up};
 use crate::kernels::ops::{self, RopeStyle, RopeTable};
 
@@ -42,7 +43,7 @@ fn cuda_rope_matches_cpu() {
             RopeTable::at(pos.iter().copied(), head_dim, base).apply(&mut want, heads, style);
             let mut xd = up(g, &x);
             let pd = up(g, &pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
-            g.rope(&mut xd, &pd, heads, head_dim, base, style).expect("rope");
+            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope");
             let op = format!("rope {style:?} rows={rows} heads={heads} d={head_dim}");
             rel_err(&op, &down(g, &xd), &want, ROPE_BOUND);
         }

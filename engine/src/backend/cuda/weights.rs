@@ -106,6 +106,18 @@ pub(crate) fn repack(name: &str, dtype: GgmlDType, bytes: &[u8], k: usize, n: us
     Ok(r)
 }
 
+/// The raw GGUF bytes of a weight matrix `[n, k]`, as `Linear::load` reads them.
+#[derive(Clone, Copy)]
+pub struct MatrixBytes<'a> {
+    pub name: &'a str,
+    pub dtype: GgmlDType,
+    pub bytes: &'a [u8],
+    /// Row length (input features).
+    pub k: usize,
+    /// Rows (output features).
+    pub n: usize,
+}
+
 /// A weight matrix `[n, k]` resident on the device.
 pub struct DeviceWeights {
     pub(crate) dtype: GgmlDType,
@@ -118,8 +130,9 @@ pub struct DeviceWeights {
 }
 
 impl DeviceWeights {
-    /// Repack the raw GGUF bytes of `name` (`[n, k]`, `dtype`) and copy them to `gpu`.
-    pub fn upload(gpu: &Gpu, name: &str, dtype: GgmlDType, bytes: &[u8], k: usize, n: usize) -> Result<Self> {
+    /// Repack the matrix's GGUF bytes and copy them to `gpu`.
+    pub fn upload(gpu: &Gpu, w: MatrixBytes<'_>) -> Result<Self> {
+        let MatrixBytes { name, dtype, bytes, k, n } = w;
         let r = repack(name, dtype, bytes, k, n)?;
         // Kernels never read the arrays a format does not have; keep them non-empty so
         // every pointer argument is a real allocation.

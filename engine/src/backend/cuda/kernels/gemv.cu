@@ -134,6 +134,47 @@ __device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* 
     }
 }
 
+// Q6_K, wide items: item = (super-block sb, half j, 16-value slice h) covers the four
+// groups k = 0..3 of that slice (64 values) so each ql/qh byte is loaded once:
+// ql[64j + 16h + l] holds k = 0 (low) and 2 (high), ql[64j + 32 + 16h + l] k = 1 and 3,
+// qh[32j + 16h + l] bits 2k..2k+2 the high bits of group k; scale and bsum 8j + 2k + h.
+__device__ __forceinline__ void item_q6k_wide(const Args& a, int row, int it, float* acc) {
+    const int sb = it >> 2, j = (it >> 1) & 1, h = it & 1;
+    const size_t blk = (size_t)row * a.kb + sb;
+    const u8* base = a.qs + blk * 192;
+    const uint4 l0 = *(const uint4*)(base + 64 * j + 16 * h);
+    const uint4 l1 = *(const uint4*)(base + 64 * j + 32 + 16 * h);
+    const uint4 hv = *(const uint4*)(base + 128 + 32 * j + 16 * h);
+    const u32 ql0[4] = {l0.x, l0.y, l0.z, l0.w}, ql1[4] = {l1.x, l1.y, l1.z, l1.w};
+    const u32 qh[4] = {hv.x, hv.y, hv.z, hv.w};
+    int q[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u32 lo = (((k & 1) ? ql1[i] : ql0[i]) >> (4 * (k >> 1))) & 0x0f0f0f0fu;
+            q[k][i] = (int)(lo | (((qh[i] >> (2 * k)) & 0x03030303u) << 4));
+        }
+    }
+    const i8* sc = (const i8*)(a.aux + blk * 16) + 8 * j + h;
+    const float d = a.d[blk];
+    for (int r = 0; r < a.rows; r++) {
+        const size_t ab = (size_t)r * a.kb + sb;
+        const int* bs = a.abs + ab * 16 + 8 * j + h;
+        int isum = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int4 xv = *(const int4*)(a.aq + ab * 256 + 128 * j + 32 * k + 16 * h);
+            int s = __dp4a(q[k][0], xv.x, 0);
+            s = __dp4a(q[k][1], xv.y, s);
+            s = __dp4a(q[k][2], xv.z, s);
+            s = __dp4a(q[k][3], xv.w, s);
+            isum += sc[2 * k] * (s - 32 * bs[2 * k]);
+        }
+        acc[r] = fmaf(__fmul_rn(d, a.ad[ab]), (float)isum, acc[r]);
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void gemv(const Args& a) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -142,10 +183,11 @@ __device__ __forceinline__ void gemv(const Args& a) {
     float acc[MAXM];
 #pragma unroll
     for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
-    const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 16 : a.kb;
+    const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 16 : T == 6 ? a.kb * 4 : a.kb;
     for (int it = lane; it < items; it += 32) {
         if (T == 4) item_q4k(a, row, it, acc);
         else if (T == 5) item_q6k(a, row, it, acc);
+        else if (T == 6) item_q6k_wide(a, row, it, acc);
         else item32<T>(a, row, it, acc);
     }
     for (int r = 0; r < a.rows; r++) {
@@ -169,3 +211,4 @@ GEMV(gemv_q5_0, 2)
 GEMV(gemv_q8_0, 3)
 GEMV(gemv_q4_k, 4)
 GEMV(gemv_q6_k, 5)
+GEMV(gemv_q6_k_wide, 6)
