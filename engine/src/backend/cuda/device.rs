@@ -78,7 +78,8 @@ impl Gpu {
     /// compile and load every kernel program.
     pub fn open(ordinal: usize) -> Result<Self> {
         Presence::probe().decide(false)?;
-        let count = CudaContext::device_count().map_err(drv("device count"))?.max(0) as usize;
+        let count =
+            CudaContext::device_count().map_err(|e| Unavailable::DriverUnusable(e.to_string()))?.max(0) as usize;
         if ordinal >= count {
             return Err(Unavailable::NoDevice { ordinal, count }.into());
         }

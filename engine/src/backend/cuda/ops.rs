@@ -132,17 +132,6 @@ impl Gpu {
     /// `y[r][j] = W[j] . x[r]` for every row of `act` (already quantized for `w`);
     /// `y` is `[act.rows, w.n]`.
     pub fn gemv(&self, w: &DeviceWeights, act: &DeviceAct, y: &mut CudaSlice<f32>) -> Result<()> {
-        self.gemv_variant(w, act, y, false)
-    }
-
-    /// `gemv`, or with `wide` the Q6_K kernel variant under evaluation (64-value items).
-    pub(crate) fn gemv_variant(
-        &self,
-        w: &DeviceWeights,
-        act: &DeviceAct,
-        y: &mut CudaSlice<f32>,
-        wide: bool,
-    ) -> Result<()> {
         let want = ActFormat::for_weights(w.dtype);
         shape(want == Some(act.format), || {
             format!("{:?} weights need {want:?} activations, got {:?}", w.dtype, act.format)
@@ -150,8 +139,7 @@ impl Gpu {
         shape(act.k == w.k, || format!("activations have k = {}, weights {}", act.k, w.k))?;
         shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
         let names = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
-        let name = if wide && w.dtype == GgmlDType::Q6K { "gemv_q6_k_wide" } else { names[type_index(w.dtype)?] };
-        let f = self.function(&GEMV, name)?;
+        let f = self.function(&GEMV, names[type_index(w.dtype)?])?;
         let bs = act.format.block();
         let kb = w.k / bs;
         let (n, kbi) = (int(w.n)?, int(kb)?);

@@ -33,6 +33,9 @@ pub enum Unavailable {
     Missing(Library),
     #[error("no CUDA device {ordinal} (the driver reports {count})")]
     NoDevice { ordinal: usize, count: usize },
+    /// The driver library loads but cannot initialize (no GPU, driver too old).
+    #[error("the CUDA driver cannot initialize: {0}")]
+    DriverUnusable(String),
 }
 
 /// What a probe found.

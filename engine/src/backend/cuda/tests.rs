@@ -169,11 +169,6 @@ fn cuda_gemv_matches_cpu() {
             let mut y = nans(g, m * n);
             g.matmul(&w, &xd, &mut act, &mut y).expect("matmul");
             rel_err(&format!("gemv {dtype:?} n={n} k={k} m={m}"), &down(g, &y), &want, GEMV_BOUND);
-            if dtype == GgmlDType::Q6K {
-                let mut y = nans(g, m * n);
-                g.gemv_variant(&w, &act, &mut y, true).expect("gemv wide");
-                rel_err(&format!("gemv Q6K wide n={n} k={k} m={m}"), &down(g, &y), &want, GEMV_BOUND);
-            }
         }
     }
 }
@@ -250,10 +245,8 @@ fn cuda_gemv_bandwidth() {
     let Some(g) = gpu() else { return };
     let mut rng = rng("cuda_gemv_bandwidth");
     let (n, k) = (14336, 4096);
-    let cases = TYPES.iter().map(|&t| (t, 1, false));
-    for (dtype, m, wide) in
-        cases.chain([(GgmlDType::Q6K, 1, true), (GgmlDType::Q4_0, 4, false), (GgmlDType::Q4K, 4, false)])
-    {
+    let cases = TYPES.iter().map(|&t| (t, 1));
+    for (dtype, m) in cases.chain([(GgmlDType::Q4_0, 4), (GgmlDType::Q4K, 4)]) {
         let bytes = random_weights(&mut rng, dtype, n, k);
         let copies: Vec<DeviceWeights> = (0..12)
             .map(|_| DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload"))
@@ -262,7 +255,7 @@ fn cuda_gemv_bandwidth() {
         g.quantize(&up(g, &randn(&mut rng, m * k, 1.0)), &mut act).expect("quantize");
         let mut y = nans(g, m * n);
         for w in &copies {
-            g.gemv_variant(w, &act, &mut y, wide).expect("warm-up");
+            g.gemv(w, &act, &mut y).expect("warm-up");
         }
         let ev = |_: ()| g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
         let (start, end) = (ev(()), ev(()));
@@ -270,7 +263,7 @@ fn cuda_gemv_bandwidth() {
         start.record(&g.stream).expect("record");
         for _ in 0..reps {
             for w in &copies {
-                g.gemv_variant(w, &act, &mut y, wide).expect("gemv");
+                g.gemv(w, &act, &mut y).expect("gemv");
             }
         }
         end.record(&g.stream).expect("record");
@@ -279,8 +272,7 @@ fn cuda_gemv_bandwidth() {
         let launches = (reps * copies.len()) as f64;
         let gbs = copies[0].device_bytes() as f64 * launches / (ms * 1e-3) / 1e9;
         println!(
-            "bandwidth {dtype:?}{} {n}x{k} m={m} ({:.1} MB): {:.1} us per GEMV, {gbs:.0} GB/s",
-            if wide { " wide" } else { "" },
+            "bandwidth {dtype:?} {n}x{k} m={m} ({:.1} MB): {:.1} us per GEMV, {gbs:.0} GB/s",
             copies[0].device_bytes() as f64 / 1e6,
             ms * 1e3 / launches
         );

@@ -1,6 +1,6 @@
 // Quantized GEMV / small-m GEMM: y[r][row] = W[row] . x[r] for up to MAXM activation rows,
 // weights read once for all of them. One warp per output row; lane i takes the i-th work
-// item (a block of 32, or 16 quant bytes / 16 values of a 256 super-block), so the
+// item (a block of 32; Q4_K 16 quant bytes, Q6_K 64 values of a 256 super-block), so the
 // 32 lanes of a warp read one contiguous span of the repacked quant bytes (coalesced).
 // Integer sums go through dp4a and are exact; each item adds d_w * d_a * isum in f32.
 //
@@ -104,41 +104,12 @@ __device__ __forceinline__ void item_q4k(const Args& a, int row, int it, float* 
     }
 }
 
-// Q6_K: item = (super-block sb, group g = 4j + k of 32 values, half h): 16 values whose
-// low 4 bits are ql[64j + 32(k&1) + 16h + l] (nibble k>>1) and high 2 bits
-// qh[32j + 16h + l] >> 2k; values - 32, scale 2g + h.
-__device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* acc) {
-    const int sb = it >> 4, g = (it >> 1) & 7, h = it & 1, j = g >> 2, k = g & 3;
-    const size_t blk = (size_t)row * a.kb + sb;
-    const uint4 lv = *(const uint4*)(a.qs + blk * 192 + 64 * j + 32 * (k & 1) + 16 * h);
-    const uint4 hv = *(const uint4*)(a.qs + blk * 192 + 128 + 32 * j + 16 * h);
-    const u32 ql[4] = {lv.x, lv.y, lv.z, lv.w}, qh[4] = {hv.x, hv.y, hv.z, hv.w};
-    int q[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const u32 lo = (ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu;
-        const u32 hi = ((qh[i] >> (2 * k)) & 0x03030303u) << 4;
-        q[i] = (int)(lo | hi);
-    }
-    const int sc = ((const i8*)(a.aux + blk * 16))[2 * g + h];
-    const float d = a.d[blk];
-    for (int r = 0; r < a.rows; r++) {
-        const size_t ab = (size_t)r * a.kb + sb;
-        const int4 xv = *(const int4*)(a.aq + ab * 256 + 32 * g + 16 * h);
-        const int x[4] = {xv.x, xv.y, xv.z, xv.w};
-        int s = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) s = __dp4a(q[i], x[i], s);
-        const int isum = sc * (s - 32 * a.abs[ab * 16 + 2 * g + h]);
-        acc[r] = fmaf(__fmul_rn(d, a.ad[ab]), (float)isum, acc[r]);
-    }
-}
-
-// Q6_K, wide items: item = (super-block sb, half j, 16-value slice h) covers the four
-// groups k = 0..3 of that slice (64 values) so each ql/qh byte is loaded once:
+// Q6_K: item = (super-block sb, half j, 16-value slice h) covers the four groups
+// k = 0..3 of that slice (64 values) so each ql/qh byte is loaded once (16-value items
+// that re-read ql twice and qh four times ran at 1.59 TB/s on the H200, these at 2.1):
 // ql[64j + 16h + l] holds k = 0 (low) and 2 (high), ql[64j + 32 + 16h + l] k = 1 and 3,
 // qh[32j + 16h + l] bits 2k..2k+2 the high bits of group k; scale and bsum 8j + 2k + h.
-__device__ __forceinline__ void item_q6k_wide(const Args& a, int row, int it, float* acc) {
+__device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* acc) {
     const int sb = it >> 2, j = (it >> 1) & 1, h = it & 1;
     const size_t blk = (size_t)row * a.kb + sb;
     const u8* base = a.qs + blk * 192;
@@ -183,11 +154,10 @@ __device__ __forceinline__ void gemv(const Args& a) {
     float acc[MAXM];
 #pragma unroll
     for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
-    const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 16 : T == 6 ? a.kb * 4 : a.kb;
+    const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 4 : a.kb;
     for (int it = lane; it < items; it += 32) {
         if (T == 4) item_q4k(a, row, it, acc);
         else if (T == 5) item_q6k(a, row, it, acc);
-        else if (T == 6) item_q6k_wide(a, row, it, acc);
         else item32<T>(a, row, it, acc);
     }
     for (int r = 0; r < a.rows; r++) {
@@ -211,4 +181,3 @@ GEMV(gemv_q5_0, 2)
 GEMV(gemv_q8_0, 3)
 GEMV(gemv_q4_k, 4)
 GEMV(gemv_q6_k, 5)
-GEMV(gemv_q6_k_wide, 6)
