@@ -46,6 +46,15 @@ pub enum Error {
 
     #[error("tensor op failed: {0}")]
     Candle(String),
+
+    #[error("CUDA unavailable: {0}")]
+    CudaUnavailable(#[from] crate::backend::cuda::Unavailable),
+
+    #[error("CUDA kernel {program} failed to compile for {arch}:\n{log}")]
+    CudaCompile { program: String, arch: String, log: String },
+
+    #[error("CUDA {op}: {reason}")]
+    Cuda { op: &'static str, reason: String },
 }
 
 /// candle's errors may carry a captured backtrace in their `Display`; keep the message.

@@ -5,6 +5,7 @@
 //! the generation loop. It must not know about other models, the pool or the gateway:
 //! the process boundary is the crash boundary.
 
+pub mod backend;
 pub mod cache;
 pub mod chat;
 pub mod config;

@@ -12,7 +12,7 @@
 mod attention;
 mod linear;
 pub mod ops;
-mod quant;
+pub(crate) mod quant;
 
 pub use attention::{AttnSpec, attention, attention_batch};
 pub use linear::{Embedding, Linear};

@@ -12,7 +12,7 @@
 //! They are written as portable loops the compiler vectorizes; formats not listed here
 //! use candle's kernels (`super::linear`).
 
-mod act;
+pub(crate) mod act;
 mod cols;
 mod dot;
 mod kquants;

@@ -1,0 +1,53 @@
+// Embedding rows: out[r] = dequantized row ids[r] of a repacked weight matrix `[n, k]`
+// (layout as in gemv.cu), with ggml's dequantization arithmetic per format.
+// Types: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 4 Q4_K, 5 Q6_K. One block per output row.
+
+__device__ __forceinline__ float deq32(int type, const u8* qs, const float* d, const float* m,
+                                       const u8* aux, size_t blk, int i) {
+    if (type == 3) return __fmul_rn((float)(i8)qs[blk * 32 + i], d[blk]);
+    const u8 byte = qs[blk * 16 + (i & 15)];
+    int q = i < 16 ? (byte & 0xf) : (byte >> 4);
+    if (type == 1) return __fmul_rn(d[blk], (float)q) + m[blk];
+    if (type == 2) {
+        const u32 qh = *(const u32*)(aux + blk * 4);
+        q = (q | (int)(((qh >> i) & 1u) << 4)) - 16;
+    } else {
+        q -= 8;
+    }
+    return __fmul_rn((float)q, d[blk]);
+}
+
+__device__ __forceinline__ float deq_q4k(const u8* qs, const float* d, const float* m,
+                                         const u8* aux, size_t blk, int i) {
+    const int sb = i >> 5, l = i & 31, p = i >> 6;
+    const u8 byte = qs[blk * 128 + 32 * p + l];
+    const int q = (sb & 1) ? (byte >> 4) : (byte & 0xf);
+    const u8* sm = aux + blk * 16;
+    return __fmul_rn(__fmul_rn(d[blk], (float)sm[sb]), (float)q) - __fmul_rn(m[blk], (float)sm[8 + sb]);
+}
+
+__device__ __forceinline__ float deq_q6k(const u8* qs, const float* d, const u8* aux, size_t blk, int i) {
+    const int j = i >> 7, k = (i & 127) >> 5, l = i & 31;
+    const u8 lo = qs[blk * 192 + 64 * j + 32 * (k & 1) + l] >> (4 * (k >> 1));
+    const u8 hi = (qs[blk * 192 + 128 + 32 * j + l] >> (2 * k)) & 3;
+    const int q = (int)((lo & 0xf) | (hi << 4)) - 32;
+    const float sc = (float)((const i8*)(aux + blk * 16))[i >> 4];
+    return __fmul_rn(__fmul_rn(d[blk], sc), (float)q);
+}
+
+extern "C" __global__ void embed_rows(const u8* qs, const float* d, const float* m, const u8* aux,
+                                      const int* ids, float* out, int k, int type) {
+    const int per = type >= 4 ? 256 : 32;
+    const int kb = k / per;
+    const size_t row = (size_t)ids[blockIdx.x];
+    float* o = out + (size_t)blockIdx.x * k;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const size_t blk = row * kb + j / per;
+        const int i = j % per;
+        float v;
+        if (type == 4) v = deq_q4k(qs, d, m, aux, blk, i);
+        else if (type == 5) v = deq_q6k(qs, d, aux, blk, i);
+        else v = deq32(type, qs, d, m, aux, blk, i);
+        o[j] = v;
+    }
+}

@@ -1,0 +1,128 @@
+// Row ops of the transformer block, with the CPU's `kernels::ops` numerics: RMSNorm with
+// an f64 sum of squares, rotary angles by repeated f32 multiplication, SiLU through
+// ggml's polynomial exp, GELU (tanh form) rounded through f16 as ggml's table is, and
+// residual add; plus argmax (first index of the largest value).
+
+// One block per row.
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                    float* __restrict__ out, int width, float eps) {
+    __shared__ double part[32];
+    const float* xr = x + (size_t)blockIdx.x * width;
+    float* orow = out + (size_t)blockIdx.x * width;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        s += (double)__fmul_rn(v, v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    const float mean = (float)(part[0] / (double)width);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+// x is [rows][heads][2 * half]; grid (rows, heads), one thread per rotated pair.
+// theta_scale = base^(-2/head_dim) is computed on the host with the CPU's powf.
+extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int heads,
+                                int half, float theta_scale, int neox) {
+    const int i = threadIdx.x;
+    if (i >= half) return;
+    float theta = (float)pos[blockIdx.x];
+    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    float* head = x + ((size_t)blockIdx.x * heads + blockIdx.y) * (size_t)(2 * half);
+    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+    const float a = head[ia], b = head[ib];
+    head[ia] = fmaf(a, c, -__fmul_rn(b, s));
+    head[ib] = fmaf(a, s, __fmul_rn(b, c));
+}
+
+// ggml_v_expf lane by lane (see `kernels::ops::expf`).
+__device__ __forceinline__ float ggml_expf(float x) {
+    const float r = __int_as_float(0x4b400000);
+    const float z = fmaf(x, __int_as_float(0x3fb8aa3b), r);
+    const float n = z - r;
+    const float b = fmaf(-n, __int_as_float(0x35bfbe8e), fmaf(-n, __int_as_float(0x3f317200), x));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : __int_as_float(0x7f800000);
+    const float u = __fmul_rn(b, b);
+    const float j = fmaf(fmaf(fmaf(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
+                              fmaf(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
+                         u, fmaf(__int_as_float(0x3f7ffff6), b, 1.0f));
+    const double pow2 = __longlong_as_double((long long)((int)n + 1023) << 52);
+    return (float)((double)j * pow2);
+}
+
+// g = silu(g) * u over n values; the first `simd` take ggml's exp, the tail libm's.
+extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restrict__ u, int n, int simd) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float a = g[i];
+    const float e = i < simd ? ggml_expf(0.0f - a) : expf(-a);
+    g[i] = __fmul_rn(a / (1.0f + e), u[i]);
+}
+
+// g = gelu(g) * u, gelu evaluated at f16(x) and rounded to f16 (ggml's table).
+extern "C" __global__ void gelu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    float out;
+    if (x <= -10.0f) {
+        out = 0.0f;
+    } else if (x >= 10.0f) {
+        out = __fmul_rn(x, u[i]);
+    } else {
+        const float h = h2f(f2h(x));
+        const float inner = __fmul_rn(__fmul_rn(0.7978846f, h), fmaf(__fmul_rn(0.044715f, h), h, 1.0f));
+        const float gl = h2f(f2h(__fmul_rn(__fmul_rn(0.5f, h), 1.0f + tanhf(inner))));
+        out = __fmul_rn(gl, u[i]);
+    }
+    g[i] = out;
+}
+
+extern "C" __global__ void add_inplace(float* __restrict__ x, const float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] + y[i];
+}
+
+// One block per row of `n` values: out[row] = first index of the largest value.
+extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __restrict__ out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* xr = x + (size_t)blockIdx.x * n;
+    float best = -__int_as_float(0x7f800000);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i];
+        if (v > best || bi == 0x7fffffff) { best = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (v2 > best || (v2 == best && i2 < bi)) { best = v2; bi = i2; }
+    }
+    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = best; si[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const bool live = threadIdx.x < (blockDim.x >> 5);
+        best = live ? sv[threadIdx.x] : -__int_as_float(0x7f800000);
+        bi = live ? si[threadIdx.x] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+            const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (v2 > best || (v2 == best && i2 < bi)) { best = v2; bi = i2; }
+        }
+        if (threadIdx.x == 0) out[blockIdx.x] = bi;
+    }
+}

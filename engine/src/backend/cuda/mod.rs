@@ -1,0 +1,25 @@
+//! The CUDA backend, op level: kernels as CUDA C sources (`kernels/*.cu`) compiled at
+//! run time by NVRTC to a CUBIN for the device's own architecture, loaded through
+//! cudarc with dynamic loading (the build needs no CUDA toolkit; a machine without a
+//! driver or NVRTC gets `Unavailable` naming the missing library, never a panic).
+//!
+//! Owns: library probing, the device context and stream, weight repacking/upload, and
+//! one host wrapper per op (activation quantization, quantized GEMV, RMSNorm, RoPE,
+//! SiLU/GELU gating, residual add, argmax). It must not change CPU numerics or be
+//! reached from the model forward yet; `tests.rs` checks every op against the CPU op.
+
+mod device;
+mod ops;
+mod probe;
+pub mod programs;
+mod weights;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_ops;
+
+pub use device::{Gpu, compile_cubin};
+pub use ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, RopeSpec};
+pub use probe::{Library, Presence, Unavailable};
+pub use weights::{DeviceWeights, MatrixBytes};

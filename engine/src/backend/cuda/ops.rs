@@ -1,0 +1,291 @@
+//! Host side of the op kernels: shape checks, launch geometry, and one method per op
+//! on `Gpu`. All ops are queued on the device's one stream; nothing here synchronizes.
+
+use candle_core::quantized::GgmlDType;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::device::{Gpu, drv};
+use super::programs::{EMBED, GEMV, OPS, QUANTIZE};
+use super::weights::DeviceWeights;
+use crate::error::{Error, Result};
+use crate::kernels::ops::RopeStyle;
+
+/// Activation rows one GEMV launch takes (`MAXM` in `gemv.cu`).
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// How activations are quantized for a weight format (as the CPU kernels pair them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActFormat {
+    /// Blocks of 32, f16 scale.
+    Q8_0,
+    /// Q8_0 plus f16(d * sum(q)).
+    Q8_1,
+    /// Super-blocks of 256, f32 scale, sums of 16.
+    Q8K,
+}
+
+impl ActFormat {
+    pub fn for_weights(dtype: GgmlDType) -> Option<Self> {
+        match dtype {
+            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 => Some(Self::Q8_0),
+            GgmlDType::Q4_1 => Some(Self::Q8_1),
+            GgmlDType::Q4K | GgmlDType::Q6K => Some(Self::Q8K),
+            _ => None,
+        }
+    }
+
+    fn block(self) -> usize {
+        if self == Self::Q8K { 256 } else { 32 }
+    }
+}
+
+/// The shape and kind of a rotary embedding.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeSpec {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub base: f32,
+    pub style: RopeStyle,
+}
+
+/// Quantized activations `[rows, k]` on the device.
+pub struct DeviceAct {
+    pub format: ActFormat,
+    pub rows: usize,
+    pub k: usize,
+    pub qs: CudaSlice<i8>,
+    pub d: CudaSlice<f32>,
+    /// Q8_1 only: f16(d * sum(q)) per block.
+    pub s: CudaSlice<f32>,
+    /// Q8_K only: sums of each 16 values.
+    pub bsums: CudaSlice<i32>,
+}
+
+fn shape(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    if ok { Ok(()) } else { Err(Error::Cuda { op: "shape check", reason: what() }) }
+}
+
+fn int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Cuda { op: "shape check", reason: format!("{v} exceeds i32") })
+}
+
+fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
+    let grid = threads.div_ceil(per_block).max(1);
+    Ok(LaunchConfig { grid_dim: (int(grid)? as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 })
+}
+
+/// The kernels' number for a weight format (`type` in `gemv.cu` / `embed.cu`).
+fn type_index(dtype: GgmlDType) -> Result<usize> {
+    let all = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+    all.iter()
+        .position(|&t| t == dtype)
+        .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
+}
+
+impl DeviceAct {
+    pub fn alloc(gpu: &Gpu, format: ActFormat, rows: usize, k: usize) -> Result<Self> {
+        shape(k.is_multiple_of(format.block()), || format!("k = {k} is not a multiple of {}", format.block()))?;
+        let blocks = rows * k / format.block();
+        let s = &gpu.stream;
+        let a = drv("alloc activations");
+        Ok(Self {
+            format,
+            rows,
+            k,
+            qs: s.alloc_zeros(rows * k).map_err(a)?,
+            d: s.alloc_zeros(blocks).map_err(drv("alloc activations"))?,
+            s: s.alloc_zeros(blocks).map_err(drv("alloc activations"))?,
+            bsums: s.alloc_zeros(rows * k / 16).map_err(drv("alloc activations"))?,
+        })
+    }
+}
+
+impl Gpu {
+    /// Quantize `x` (`[act.rows, act.k]`) into `act`.
+    pub fn quantize(&self, x: &CudaSlice<f32>, act: &mut DeviceAct) -> Result<()> {
+        shape(x.len() >= act.rows * act.k, || format!("x has {} values, need {}", x.len(), act.rows * act.k))?;
+        let blocks = act.rows * act.k / act.format.block();
+        let nb = int(blocks)?;
+        let cfg = blocks_of(blocks * 32, 256)?;
+        let mut b;
+        let f;
+        match act.format {
+            ActFormat::Q8_0 | ActFormat::Q8_1 => {
+                f = self.function(&QUANTIZE, "quantize_q8_32")?;
+                let with_sum = i32::from(act.format == ActFormat::Q8_1);
+                b = self.stream.launch_builder(&f);
+                b.arg(x).arg(&mut act.qs).arg(&mut act.d).arg(&mut act.s).arg(&nb).arg(&with_sum);
+                // SAFETY: x holds blocks*32 values; qs/d/s were sized for `blocks` in alloc.
+                unsafe { b.launch(cfg) }.map_err(drv("quantize_q8_32"))?;
+            }
+            ActFormat::Q8K => {
+                f = self.function(&QUANTIZE, "quantize_q8_k")?;
+                b = self.stream.launch_builder(&f);
+                b.arg(x).arg(&mut act.qs).arg(&mut act.d).arg(&mut act.bsums).arg(&nb);
+                // SAFETY: as above; bsums holds 16 per super-block.
+                unsafe { b.launch(cfg) }.map_err(drv("quantize_q8_k"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `y[r][j] = W[j] . x[r]` for every row of `act` (already quantized for `w`);
+    /// `y` is `[act.rows, w.n]`.
+    pub fn gemv(&self, w: &DeviceWeights, act: &DeviceAct, y: &mut CudaSlice<f32>) -> Result<()> {
+        let want = ActFormat::for_weights(w.dtype);
+        shape(want == Some(act.format), || {
+            format!("{:?} weights need {want:?} activations, got {:?}", w.dtype, act.format)
+        })?;
+        shape(act.k == w.k, || format!("activations have k = {}, weights {}", act.k, w.k))?;
+        shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
+        let names = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
+        let f = self.function(&GEMV, names[type_index(w.dtype)?])?;
+        let bs = act.format.block();
+        let kb = w.k / bs;
+        let (n, kbi) = (int(w.n)?, int(kb)?);
+        const WARPS: usize = 4;
+        let cfg = blocks_of(w.n * 32, WARPS * 32)?;
+        let mut r0 = 0;
+        while r0 < act.rows {
+            let rows = (act.rows - r0).min(GEMV_MAX_ROWS);
+            let ri = int(rows)?;
+            let aq = act.qs.slice(r0 * w.k..);
+            let ad = act.d.slice(r0 * kb..);
+            let as_ = act.s.slice(r0 * kb..);
+            let abs = act.bsums.slice(r0 * w.k / 16..);
+            let mut yv = y.slice_mut(r0 * w.n..);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
+            b.arg(&aq).arg(&ad).arg(&as_).arg(&abs).arg(&mut yv).arg(&n).arg(&kbi).arg(&ri);
+            // SAFETY: weights hold n*kb blocks in the layout the kernel reads; the views
+            // start at row r0 and hold `rows` rows; y holds rows*n from r0*n.
+            unsafe { b.launch(cfg) }.map_err(drv("gemv"))?;
+            r0 += rows;
+        }
+        Ok(())
+    }
+
+    /// Quantize `x` (`[act.rows, w.k]`) into `act`, then `gemv` into `y`.
+    pub fn matmul(
+        &self,
+        w: &DeviceWeights,
+        x: &CudaSlice<f32>,
+        act: &mut DeviceAct,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.quantize(x, act)?;
+        self.gemv(w, act, y)
+    }
+
+    /// `out[r] = x[r] / rms(x[r]) * w` for each row of width `w.len()`.
+    pub fn rms_norm(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, out: &mut CudaSlice<f32>, eps: f32) -> Result<()> {
+        let width = w.len();
+        shape(width > 0 && x.len().is_multiple_of(width) && out.len() >= x.len(), || {
+            format!("x {} / out {} not rows of {width}", x.len(), out.len())
+        })?;
+        let rows = x.len() / width;
+        let f = self.function(&OPS, "rms_norm")?;
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let wi = int(width)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(w).arg(out).arg(&wi).arg(&eps);
+        // SAFETY: rows*width values in x and out; width in w.
+        unsafe { b.launch(cfg) }.map_err(drv("rms_norm"))?;
+        Ok(())
+    }
+
+    /// Rotate `x` (`[rows][heads][head_dim]`) in place; row r is at position `pos[r]`.
+    pub fn rope(&self, x: &mut CudaSlice<f32>, pos: &CudaSlice<i32>, spec: RopeSpec) -> Result<()> {
+        let RopeSpec { heads, head_dim, base, style } = spec;
+        let rows = pos.len();
+        shape(head_dim.is_multiple_of(2) && head_dim <= 2048 && x.len() == rows * heads * head_dim, || {
+            format!("x has {} values, not {rows} x {heads} x {head_dim}", x.len())
+        })?;
+        if rows == 0 {
+            return Ok(());
+        }
+        // The CPU's `RopeTable` computes this with the host powf; use the same value.
+        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let half = head_dim / 2;
+        let f = self.function(&OPS, "rope")?;
+        let threads = half.div_ceil(32) * 32;
+        let cfg = LaunchConfig {
+            grid_dim: (int(rows)? as u32, int(heads)? as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (hi, hf, neox) = (int(heads)?, int(half)?, i32::from(style == RopeStyle::Neox));
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(pos).arg(&hi).arg(&hf).arg(&theta_scale).arg(&neox);
+        // SAFETY: x holds rows*heads*head_dim values, pos holds rows.
+        unsafe { b.launch(cfg) }.map_err(drv("rope"))?;
+        Ok(())
+    }
+
+    /// `g = silu(g) * u` over the whole buffer (ggml's exp on whole groups of 16).
+    pub fn silu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
+        let n = g.len();
+        shape(u.len() >= n, || format!("u has {} values, need {n}", u.len()))?;
+        let f = self.function(&OPS, "silu_mul")?;
+        let (ni, simd) = (int(n)?, int(n & !15)?);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(g).arg(u).arg(&ni).arg(&simd);
+        // SAFETY: n values in g and u.
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("silu_mul"))?;
+        Ok(())
+    }
+
+    /// `g = gelu(g) * u` (tanh approximation through f16, as ggml's table).
+    pub fn gelu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
+        self.binary("gelu_mul", g, u)
+    }
+
+    /// `x += y`.
+    pub fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
+        self.binary("add_inplace", x, y)
+    }
+
+    fn binary(&self, name: &'static str, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
+        let n = x.len();
+        shape(y.len() >= n, || format!("{name}: second operand has {} values, need {n}", y.len()))?;
+        let f = self.function(&OPS, name)?;
+        let ni = int(n)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(y).arg(&ni);
+        // SAFETY: n values in both.
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("elementwise op"))?;
+        Ok(())
+    }
+
+    /// `out[r]` = first index of the largest value of row r of `x` (`[out.len(), n]`).
+    pub fn argmax(&self, x: &CudaSlice<f32>, n: usize, out: &mut CudaSlice<i32>) -> Result<()> {
+        let rows = out.len();
+        shape(n > 0 && x.len() >= rows * n, || format!("x has {} values, need {rows} x {n}", x.len()))?;
+        let f = self.function(&OPS, "argmax")?;
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let ni = int(n)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&ni).arg(out);
+        // SAFETY: rows*n values in x, rows in out.
+        unsafe { b.launch(cfg) }.map_err(drv("argmax"))?;
+        Ok(())
+    }
+
+    /// Embedding lookup: `out[r]` = row `ids[r]` of `w`, dequantized (`out` is
+    /// `[ids.len(), w.k]`). Ids must be `< w.n`; the caller validates them.
+    pub fn embed(&self, w: &DeviceWeights, ids: &CudaSlice<i32>, out: &mut CudaSlice<f32>) -> Result<()> {
+        let rows = ids.len();
+        shape(out.len() >= rows * w.k, || format!("out has {} values, need {rows} x {}", out.len(), w.k))?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&EMBED, "embed_rows")?;
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (k, ty) = (int(w.k)?, int(type_index(w.dtype)?)?);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux).arg(ids).arg(out).arg(&k).arg(&ty);
+        // SAFETY: ids index rows of w (validated by the caller); out holds rows*k.
+        unsafe { b.launch(cfg) }.map_err(drv("embed_rows"))?;
+        Ok(())
+    }
+}

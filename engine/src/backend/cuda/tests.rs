@@ -1,0 +1,302 @@
+//! Op-level harness: the same random inputs through the CPU op and the CUDA op, device
+//! outputs NaN-filled before each run, ‖gpu − cpu‖ / ‖cpu‖ reported and bounded per op.
+//! Without a driver or a device every test prints "skipped: <reason>" and returns;
+//! `cuda_kernels_compile` needs only NVRTC (and fails without it when
+//! `CORRAL_REQUIRE_NVRTC=1`). Row ops are in `tests_ops.rs`.
+
+use std::sync::OnceLock;
+
+use candle_core::quantized::GgmlDType;
+use cudarc::driver::CudaSlice;
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::kernels::quant::QuantMatMul;
+use crate::kernels::quant::act::{ActQ8, Q8KSign, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+
+/// The shared device for every test, or why there is none (printed as "skipped").
+pub(super) fn gpu() -> Option<&'static Gpu> {
+    static GPU: OnceLock<Result<Gpu, String>> = OnceLock::new();
+    let g = GPU.get_or_init(|| {
+        if let Err(e) = Presence::probe().decide(false) {
+            return Err(e.to_string());
+        }
+        match Gpu::open(0) {
+            Ok(g) => Ok(g),
+            Err(crate::Error::CudaUnavailable(e)) => Err(e.to_string()),
+            // A present driver and device that fail to start is a real failure.
+            Err(e) => panic!("CUDA device present but unusable: {e}"),
+        }
+    });
+    match g {
+        Ok(g) => Some(g),
+        Err(reason) => {
+            println!("skipped: {reason}");
+            None
+        }
+    }
+}
+
+/// A fresh seed per run, printed so a failure can be replayed with CORRAL_TEST_SEED.
+pub(super) fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("CORRAL_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    println!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+pub(super) fn randn(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+pub(super) fn up<T: cudarc::driver::DeviceRepr>(g: &Gpu, v: &[T]) -> CudaSlice<T> {
+    g.stream.clone_htod(v).expect("upload")
+}
+
+pub(super) fn nans(g: &Gpu, n: usize) -> CudaSlice<f32> {
+    up(g, &vec![f32::NAN; n])
+}
+
+pub(super) fn down<T: cudarc::driver::DeviceRepr + Default + Clone>(g: &Gpu, s: &CudaSlice<T>) -> Vec<T> {
+    g.stream.clone_dtoh(s).expect("download")
+}
+
+/// ‖a − b‖ / ‖b‖ in f64, after checking every GPU value is finite.
+pub(super) fn rel_err(op: &str, gpu: &[f32], cpu: &[f32], bound: f64) -> f64 {
+    assert_eq!(gpu.len(), cpu.len(), "{op}: lengths");
+    let bad = gpu.iter().filter(|v| !v.is_finite()).count();
+    assert_eq!(bad, 0, "{op}: {bad} non-finite GPU outputs (unwritten or NaN)");
+    let num: f64 = gpu.iter().zip(cpu).map(|(a, b)| ((*a - *b) as f64).powi(2)).sum();
+    let den: f64 = cpu.iter().map(|b| (*b as f64).powi(2)).sum();
+    let e = if den == 0.0 { num.sqrt() } else { (num / den).sqrt() };
+    println!("{op}: rel err {e:.3e} (bound {bound:.0e})");
+    assert!(e <= bound, "{op}: rel err {e:.3e} > {bound:.0e}");
+    e
+}
+
+/// Random GGUF bytes for an `[n, k]` matrix with finite, realistic scales.
+fn random_weights(rng: &mut StdRng, dtype: GgmlDType, n: usize, k: usize) -> Vec<u8> {
+    let per = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) { 256 } else { 32 };
+    let mut out = Vec::new();
+    let h = |rng: &mut StdRng, lo: f32, hi: f32| f16::from_f32(rng.random_range(lo..hi)).to_le_bytes();
+    for _ in 0..n * k / per {
+        match dtype {
+            GgmlDType::Q4_0 => {
+                out.extend(h(rng, 0.001, 0.02));
+                out.extend((0..16).map(|_| rng.random::<u8>()));
+            }
+            GgmlDType::Q4_1 => {
+                out.extend(h(rng, 0.001, 0.02));
+                out.extend(h(rng, -0.1, 0.1));
+                out.extend((0..16).map(|_| rng.random::<u8>()));
+            }
+            GgmlDType::Q5_0 => {
+                out.extend(h(rng, 0.001, 0.02));
+                out.extend((0..20).map(|_| rng.random::<u8>()));
+            }
+            GgmlDType::Q8_0 => {
+                out.extend(h(rng, 0.0001, 0.002));
+                out.extend((0..32).map(|_| rng.random_range(-127i8..=127) as u8));
+            }
+            GgmlDType::Q4K => {
+                out.extend(h(rng, 0.0001, 0.002));
+                out.extend(h(rng, 0.0001, 0.002));
+                out.extend((0..140).map(|_| rng.random::<u8>()));
+            }
+            _ => {
+                out.extend((0..192).map(|_| rng.random::<u8>()));
+                out.extend((0..16).map(|_| rng.random_range(-64i8..64) as u8));
+                out.extend(h(rng, 0.0001, 0.002));
+            }
+        }
+    }
+    out
+}
+
+/// The CPU engine's result for `x · W^T`. Q4_0 goes through candle on the CPU, so its
+/// reference is ggml's arithmetic written out: Q8_0 activations, exact block sums.
+fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    if dtype != GgmlDType::Q4_0 {
+        let w = QuantMatMul::from_bytes("w", dtype, bytes, k, n).expect("cpu weights");
+        return w.forward(x, m);
+    }
+    let kb = k / 32;
+    let acts: Vec<ActQ8> = quantize_q8_0(x);
+    let mut y = vec![0.0f32; m * n];
+    for r in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f64;
+            for b in 0..kb {
+                let blk = &bytes[(j * kb + b) * 18..][..18];
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let a = &acts[r * kb + b];
+                let mut s = 0i32;
+                for i in 0..16 {
+                    s += ((blk[2 + i] & 0xf) as i32 - 8) * a.qs[i] as i32;
+                    s += ((blk[2 + i] >> 4) as i32 - 8) * a.qs[16 + i] as i32;
+                }
+                acc += (d * a.d) as f64 * s as f64;
+            }
+            y[r * n + j] = acc as f32;
+        }
+    }
+    y
+}
+
+const TYPES: [GgmlDType; 6] =
+    [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+
+/// Bound for every quantized GEMV: integer block sums are exact on both sides, only the
+/// order of the f32 block accumulation differs (measured ~1e-7).
+const GEMV_BOUND: f64 = 2e-6;
+
+#[test]
+fn cuda_gemv_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_gemv_matches_cpu");
+    for dtype in TYPES {
+        for (n, k, m) in [(512, 4096, 1), (1000, 2304, 3), (256, 1536, 8), (300, 512, 11)] {
+            let bytes = random_weights(&mut rng, dtype, n, k);
+            let x = randn(&mut rng, m * k, 2.0);
+            let want = cpu_matmul(dtype, &bytes, &x, m, k, n);
+            let w = DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload");
+            let fmt = ActFormat::for_weights(dtype).expect("supported");
+            let mut act = DeviceAct::alloc(g, fmt, m, k).expect("alloc");
+            let xd = up(g, &x);
+            let mut y = nans(g, m * n);
+            g.matmul(&w, &xd, &mut act, &mut y).expect("matmul");
+            rel_err(&format!("gemv {dtype:?} n={n} k={k} m={m}"), &down(g, &y), &want, GEMV_BOUND);
+        }
+    }
+}
+
+/// Dequantized rows equal candle's (ggml's) dequantization; the same products in the
+/// same order, so the bound is tight.
+const EMBED_BOUND: f64 = 1e-7;
+
+#[test]
+fn cuda_embedding_rows_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_embedding_rows_match_cpu");
+    let cpu = candle_core::Device::Cpu;
+    for dtype in TYPES {
+        let (n, k) = (97, 768);
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        let table = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &bytes, vec![n, k], &cpu)
+            .expect("qtensor")
+            .dequantize(&cpu)
+            .expect("dequantize")
+            .to_vec2::<f32>()
+            .expect("rows");
+        let mut ids: Vec<i32> = (0..9).map(|_| rng.random_range(0..n as i32)).collect();
+        ids.extend([0, n as i32 - 1]);
+        let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize].clone()).collect();
+        let w = DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload");
+        let mut out = nans(g, ids.len() * k);
+        g.embed(&w, &up(g, &ids), &mut out).expect("embed");
+        rel_err(&format!("embed {dtype:?} rows={}", ids.len()), &down(g, &out), &want, EMBED_BOUND);
+    }
+}
+
+/// Activation quantization must equal the CPU's bit for bit (bound: 0 differences).
+#[test]
+fn cuda_quantize_matches_cpu_exactly() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_quantize_matches_cpu_exactly");
+    for (rows, k) in [(1, 4096), (3, 2304), (8, 256)] {
+        let mut x = randn(&mut rng, rows * k, 3.0);
+        x[5] = 0.0;
+        x[..32].iter_mut().for_each(|v| *v = 0.0); // an all-zero block
+        x[300] = -x[300].abs() - 10.0; // a dominant negative value
+        x[301] = -x[300]; // and its positive twin later: the first one decides
+        let xd = up(g, &x);
+        for fmt in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8K] {
+            let mut act = DeviceAct::alloc(g, fmt, rows, k).expect("alloc");
+            g.quantize(&xd, &mut act).expect("quantize");
+            let (qs, d, s, bs) = (down(g, &act.qs), down(g, &act.d), down(g, &act.s), down(g, &act.bsums));
+            let mut diffs = 0usize;
+            if fmt == ActFormat::Q8K {
+                for (i, b) in quantize_q8_k(&x, Q8KSign::FirstMax).iter().enumerate() {
+                    diffs += b.qs.iter().zip(&qs[i * 256..]).filter(|(a, b)| a != b).count();
+                    diffs += usize::from(b.d.to_bits() != d[i].to_bits());
+                    diffs += b.bsums.iter().zip(&bs[i * 16..]).filter(|(a, b)| a != b).count();
+                }
+            } else {
+                let cpu = if fmt == ActFormat::Q8_1 { quantize_q8_1(&x) } else { quantize_q8_0(&x) };
+                for (i, b) in cpu.iter().enumerate() {
+                    diffs += b.qs.iter().zip(&qs[i * 32..]).filter(|(a, b)| a != b).count();
+                    diffs += usize::from(b.d.to_bits() != d[i].to_bits());
+                    diffs += usize::from(fmt == ActFormat::Q8_1 && b.s.to_bits() != s[i].to_bits());
+                }
+            }
+            println!("quantize {fmt:?} rows={rows} k={k}: {diffs} differences (bound 0)");
+            assert_eq!(diffs, 0, "quantize {fmt:?} rows={rows} k={k}");
+        }
+    }
+}
+
+/// Decode GEMV speed on a large matrix, rotating copies so the 60 MB L2 cannot hold
+/// them: prints GB/s of weight bytes (informational; asserts only that it ran).
+#[test]
+fn cuda_gemv_bandwidth() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_gemv_bandwidth");
+    let (n, k) = (14336, 4096);
+    let cases = TYPES.iter().map(|&t| (t, 1));
+    for (dtype, m) in cases.chain([(GgmlDType::Q4_0, 4), (GgmlDType::Q4K, 4)]) {
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        let copies: Vec<DeviceWeights> = (0..12)
+            .map(|_| DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload"))
+            .collect();
+        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), m, k).expect("alloc");
+        g.quantize(&up(g, &randn(&mut rng, m * k, 1.0)), &mut act).expect("quantize");
+        let mut y = nans(g, m * n);
+        for w in &copies {
+            g.gemv(w, &act, &mut y).expect("warm-up");
+        }
+        let ev = |_: ()| g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+        let (start, end) = (ev(()), ev(()));
+        let reps = 20;
+        start.record(&g.stream).expect("record");
+        for _ in 0..reps {
+            for w in &copies {
+                g.gemv(w, &act, &mut y).expect("gemv");
+            }
+        }
+        end.record(&g.stream).expect("record");
+        g.synchronize().expect("sync");
+        let ms = start.elapsed_ms(&end).expect("elapsed") as f64;
+        let launches = (reps * copies.len()) as f64;
+        let gbs = copies[0].device_bytes() as f64 * launches / (ms * 1e-3) / 1e9;
+        println!(
+            "bandwidth {dtype:?} {n}x{k} m={m} ({:.1} MB): {:.1} us per GEMV, {gbs:.0} GB/s",
+            copies[0].device_bytes() as f64 / 1e6,
+            ms * 1e3 / launches
+        );
+        assert!(gbs > 0.0);
+    }
+}
+
+/// Every kernel program compiles with NVRTC for Ampere, Ada and Hopper (no GPU needed).
+#[test]
+fn cuda_kernels_compile() {
+    let present = Presence::probe().nvrtc;
+    if !present {
+        if std::env::var("CORRAL_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("CORRAL_REQUIRE_NVRTC=1 but {} is not on the library path", Library::Nvrtc);
+        }
+        println!("skipped: {} not found", Library::Nvrtc);
+        return;
+    }
+    for arch in ["sm_80", "sm_89", "sm_90"] {
+        for p in programs::ALL {
+            let t = std::time::Instant::now();
+            let cubin = compile_cubin(p, arch).unwrap_or_else(|e| panic!("{e}"));
+            println!("{} for {arch}: {} bytes in {} ms", p.name, cubin.len(), t.elapsed().as_millis());
+            assert!(cubin.len() > 1000);
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Row ops through the CPU (`kernels::ops`) and the CUDA kernels, bounded per op (see
+//! `tests.rs` for the harness).
+
+use super::RopeSpec;
+use super::tests::{down, gpu, nans, randn, rel_err, rng, up};
+use crate::kernels::ops::{self, RopeStyle, RopeTable};
+
+use rand::Rng;
+
+/// f64 sum of squares and IEEE sqrt/division on both sides: only the order of the f64
+/// sum differs.
+const RMS_BOUND: f64 = 1e-6;
+/// Device cosf/sinf are within 2 ulp of libm's.
+const ROPE_BOUND: f64 = 1e-5;
+/// Same polynomial exp; the ragged tail uses libm expf vs device expf (1 ulp).
+const SILU_BOUND: f64 = 1e-6;
+/// tanhf ulps can flip the f16 rounding of single values (1 f16 ulp, ~5e-4 relative).
+const GELU_BOUND: f64 = 1e-4;
+
+#[test]
+fn cuda_rms_norm_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_rms_norm_matches_cpu");
+    for (rows, width) in [(1, 576), (5, 2048), (3, 4096)] {
+        let x = randn(&mut rng, rows * width, 4.0);
+        let w = randn(&mut rng, width, 1.5);
+        let want = ops::rms_norm(&x, &w, 1e-6);
+        let mut out = nans(g, rows * width);
+        g.rms_norm(&up(g, &x), &up(g, &w), &mut out, 1e-6).expect("rms_norm");
+        rel_err(&format!("rms_norm rows={rows} width={width}"), &down(g, &out), &want, RMS_BOUND);
+    }
+}
+
+#[test]
+fn cuda_rope_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_rope_matches_cpu");
+    for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+        for (rows, heads, head_dim, base) in [(1, 8, 64, 10_000.0f32), (7, 3, 128, 500_000.0), (4, 2, 256, 1e6)] {
+            let pos: Vec<usize> = (0..rows).map(|_| rng.random_range(0..32_768)).collect();
+            let x = randn(&mut rng, rows * heads * head_dim, 3.0);
+            let mut want = x.clone();
+            RopeTable::at(pos.iter().copied(), head_dim, base).apply(&mut want, heads, style);
+            let mut xd = up(g, &x);
+            let pd = up(g, &pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
+            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope");
+            let op = format!("rope {style:?} rows={rows} heads={heads} d={head_dim}");
+            rel_err(&op, &down(g, &xd), &want, ROPE_BOUND);
+        }
+    }
+}
+
+#[test]
+fn cuda_gated_activations_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_gated_activations_match_cpu");
+    for n in [1000, 4096, 8195] {
+        let (a, u) = (randn(&mut rng, n, 12.0), randn(&mut rng, n, 2.0));
+        let mut want = a.clone();
+        ops::silu_mul(&mut want, &u);
+        let mut ad = up(g, &a);
+        g.silu_mul(&mut ad, &up(g, &u)).expect("silu_mul");
+        rel_err(&format!("silu_mul n={n}"), &down(g, &ad), &want, SILU_BOUND);
+
+        let mut want = a.clone();
+        ops::gelu_mul(&mut want, &u);
+        let mut ad = up(g, &a);
+        g.gelu_mul(&mut ad, &up(g, &u)).expect("gelu_mul");
+        rel_err(&format!("gelu_mul n={n}"), &down(g, &ad), &want, GELU_BOUND);
+
+        let mut want = a.clone();
+        ops::add_inplace(&mut want, &u);
+        let mut ad = up(g, &a);
+        g.add(&mut ad, &up(g, &u)).expect("add");
+        rel_err(&format!("add n={n}"), &down(g, &ad), &want, 0.0);
+    }
+}
+
+#[test]
+fn cuda_argmax_takes_first_maximum() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_argmax_takes_first_maximum");
+    for (rows, n) in [(1, 32_000), (4, 151_936), (3, 7)] {
+        let mut x = randn(&mut rng, rows * n, 10.0);
+        for r in 0..rows {
+            // A tie for the maximum: the earlier index must win.
+            let (i, j) = (rng.random_range(0..n), rng.random_range(0..n));
+            x[r * n + i] = 50.0;
+            x[r * n + j] = 50.0;
+        }
+        let want: Vec<i32> = x
+            .chunks_exact(n)
+            .map(|row| {
+                let mut best = 0;
+                for (i, v) in row.iter().enumerate() {
+                    if *v > row[best] {
+                        best = i;
+                    }
+                }
+                best as i32
+            })
+            .collect();
+        let mut out = up(g, &vec![-1i32; rows]);
+        g.argmax(&up(g, &x), n, &mut out).expect("argmax");
+        assert_eq!(down(g, &out), want, "argmax rows={rows} n={n}");
+        println!("argmax rows={rows} n={n}: exact");
+    }
+}
