@@ -68,6 +68,25 @@ impl Linear {
     }
 }
 
+/// Several matrices of the same input width against one `x` (`[m, in_dim]`): with our
+/// own kernels in one pool call (`QuantMatMul::forward_many`), otherwise one by one.
+pub fn forward_many<const N: usize>(mats: [&Linear; N], x: &[f32], m: usize) -> Result<[Vec<f32>; N]> {
+    debug_assert!(mats.iter().all(|l| l.in_dim == mats[0].in_dim));
+    let own: Vec<&QuantMatMul> = mats
+        .iter()
+        .filter_map(|l| match &l.kernel {
+            Kernel::Own(k) => Some(k),
+            Kernel::Candle(_) => None,
+        })
+        .collect();
+    let outs = if own.len() == N {
+        QuantMatMul::forward_many(&own, x, m)
+    } else {
+        mats.iter().map(|l| l.forward(x, m)).collect::<Result<Vec<_>>>()?
+    };
+    Ok(outs.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
+}
+
 /// Token embedding table, looked up row by row without dequantizing the whole matrix
 /// (Gemma's 262k x 640 table would be 670 MB as f32).
 pub struct Embedding {

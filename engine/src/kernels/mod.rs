@@ -15,7 +15,7 @@ pub mod ops;
 pub(crate) mod quant;
 
 pub use attention::{AttnSpec, attention, attention_batch};
-pub use linear::{Embedding, Linear};
+pub use linear::{Embedding, Linear, forward_many};
 
 use std::cell::Cell;
 
@@ -67,41 +67,50 @@ pub(crate) fn parallel_chunks(out: &mut [f32], chunk: usize, work: usize, f: imp
     });
 }
 
-/// Fill `out` (`[m, n]`, row-major) a chunk of `cols` columns at a time on the worker
-/// pool: `f(c, tile)` computes columns `c * cols ..` (fewer in the last chunk) into
-/// `tile`, laid out `[column][row]`, which is then copied into place. Matmul kernels
-/// produce a column's rows together; the copy from a cache-resident tile replaces a
-/// transpose of the whole output (8.6 % of a Gemma prefill).
-pub(crate) fn parallel_columns(
-    out: &mut [f32],
+/// Fill each of `outs` (`[m, n_i]`, row-major) a chunk of `cols` columns at a time, all
+/// in one pool call: `f(i, c, tile)` computes columns `c * cols ..` of output `i` (fewer
+/// in its last chunk) into `tile`, laid out `[column][row]`, which is then copied into
+/// place. Matmul kernels produce a column's rows together; the copy from a
+/// cache-resident tile replaces a transpose of the whole output, and several matrices
+/// on the same input share one barrier.
+pub(crate) fn parallel_columns_many(
+    outs: &mut [&mut [f32]],
     m: usize,
     cols: usize,
     work: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync,
+    f: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) {
-    /// `out`'s base, shared by the tasks; each writes only its own columns.
-    struct Base(*mut f32);
-    // SAFETY: tasks write disjoint elements (see below), so sharing the pointer is sound.
-    unsafe impl Sync for Base {}
-    let n = out.len() / m.max(1);
-    debug_assert_eq!(n * m, out.len());
-    let base = Base(out.as_mut_ptr());
-    parallel_for(n.div_ceil(cols), work, |range| {
-        let base = &base;
+    /// An output's base and width, shared by the tasks; each writes only its own columns.
+    struct Out(*mut f32, usize);
+    // SAFETY: tasks write disjoint elements (see below), so sharing the pointers is sound.
+    unsafe impl Sync for Out {}
+    let bases: Vec<Out> = outs
+        .iter_mut()
+        .map(|o| {
+            let n = o.len() / m.max(1);
+            debug_assert_eq!(n * m, o.len());
+            Out(o.as_mut_ptr(), n)
+        })
+        .collect();
+    // Global chunk index -> (output, its chunk).
+    let chunks: Vec<(usize, usize)> =
+        bases.iter().enumerate().flat_map(|(i, b)| (0..b.1.div_ceil(cols)).map(move |c| (i, c))).collect();
+    parallel_for(chunks.len(), work, |range| {
         let mut tile = vec![0.0f32; cols * m];
-        for c in range {
+        for g in range {
+            let (i, c) = chunks[g];
+            let Out(base, n) = bases[i];
             let first = c * cols;
             let width = cols.min(n - first);
             let tile = &mut tile[..width * m];
-            f(c, tile);
+            f(i, c, tile);
             for (j, column) in tile.chunks_exact(m).enumerate() {
                 for (r, &v) in column.iter().enumerate() {
-                    debug_assert!(r * n + first + j < n * m);
-                    // SAFETY: `r < m` and `first + j < n`, so the index is inside `out`,
-                    // which outlives this call; chunk `c` is handed to exactly one task and
-                    // owns columns `first..first + width`, so no element is written twice
-                    // or read while written.
-                    unsafe { *base.0.add(r * n + first + j) = v };
+                    // SAFETY: `r < m` and `first + j < n`, so the index is inside output
+                    // `i`, which outlives this call; chunk `(i, c)` is handed to exactly
+                    // one task and owns columns `first..first + width` of output `i`, so
+                    // no element is written twice or read while written.
+                    unsafe { *base.add(r * n + first + j) = v };
                 }
             }
         }
@@ -122,22 +131,28 @@ pub(crate) fn parallel_for(n: usize, work: usize, f: impl Fn(std::ops::Range<usi
 
 #[cfg(test)]
 mod tests {
-    /// Every element lands at its row and column, ragged last chunk included, on the pool
-    /// and inline.
+    /// Every element of every output lands at its row and column, ragged last chunks
+    /// included, on the pool and inline.
     #[test]
     fn parallel_columns_places_every_column() {
-        for (m, n, work) in [(3, 37, 1 << 20), (1, 50, 1 << 20), (5, 16, 0), (2, 1, 0)] {
-            let mut out = vec![f32::NAN; m * n];
-            super::parallel_columns(&mut out, m, 16, work, |c, tile| {
+        for (m, ns, work) in
+            [(3, vec![37, 16, 5], 1 << 20), (1, vec![50], 1 << 20), (5, vec![16, 1], 0), (2, vec![1], 0)]
+        {
+            let mut outs: Vec<Vec<f32>> = ns.iter().map(|n| vec![f32::NAN; m * n]).collect();
+            let mut views: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+            super::parallel_columns_many(&mut views, m, 16, work, |i, c, tile| {
                 for (j, column) in tile.chunks_exact_mut(m).enumerate() {
                     for (r, v) in column.iter_mut().enumerate() {
-                        *v = ((c * 16 + j) * 1000 + r) as f32;
+                        *v = (i * 1_000_000 + (c * 16 + j) * 1000 + r) as f32;
                     }
                 }
             });
-            for r in 0..m {
-                for col in 0..n {
-                    assert_eq!(out[r * n + col], (col * 1000 + r) as f32, "m={m} n={n} r={r} col={col}");
+            for (i, (out, &n)) in outs.iter().zip(&ns).enumerate() {
+                for r in 0..m {
+                    for col in 0..n {
+                        let want = (i * 1_000_000 + col * 1000 + r) as f32;
+                        assert_eq!(out[r * n + col], want, "m={m} out {i} n={n} r={r} col={col}");
+                    }
                 }
             }
         }

@@ -7,7 +7,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::ops::{self, RopeStyle};
-use crate::kernels::{AttnSpec, Embedding, Linear};
+use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
 use crate::model::Architecture;
 use crate::model::batch::{Row, Spans, split};
 
@@ -91,9 +91,7 @@ impl Architecture for Gemma3 {
             let swa = c.is_swa[il];
             let rope = if swa { &rope_local } else { &rope_global };
             let h = ops::rms_norm(&x, &l.attn_norm, c.rms_eps);
-            let mut q = l.wq.forward(&h, t)?;
-            let mut k = l.wk.forward(&h, t)?;
-            let v = l.wv.forward(&h, t)?;
+            let [mut q, mut k, v] = forward_many([&l.wq, &l.wk, &l.wv], &h, t)?;
             ops::rms_norm_inplace(&mut q, &l.q_norm, c.rms_eps);
             ops::rms_norm_inplace(&mut k, &l.k_norm, c.rms_eps);
             rope.apply(&mut q, c.n_heads, RopeStyle::Neox);
@@ -105,8 +103,8 @@ impl Architecture for Gemma3 {
             ops::add_inplace(&mut x, &o);
 
             let h = ops::rms_norm(&x, &l.ffn_norm, c.rms_eps);
-            let mut gate = l.w_gate.forward(&h, t)?;
-            ops::gelu_mul(&mut gate, &l.w_up.forward(&h, t)?);
+            let [mut gate, up] = forward_many([&l.w_gate, &l.w_up], &h, t)?;
+            ops::gelu_mul(&mut gate, &up);
             let mut d = l.w_down.forward(&gate, t)?;
             ops::rms_norm_inplace(&mut d, &l.post_ffn_norm, c.rms_eps);
             ops::add_inplace(&mut x, &d);

@@ -5,7 +5,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::ops::{self, RopeStyle};
-use crate::kernels::{AttnSpec, Embedding, Linear};
+use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
 use crate::model::Architecture;
 use crate::model::batch::{Row, Spans, split};
 
@@ -75,17 +75,15 @@ impl Architecture for Llama {
         let mut x = self.embed.lookup(&tokens)?;
         for (il, l) in self.layers.iter().enumerate() {
             let h = ops::rms_norm(&x, &l.attn_norm, c.rms_eps);
-            let mut q = l.wq.forward(&h, t)?;
-            let mut k = l.wk.forward(&h, t)?;
-            let v = l.wv.forward(&h, t)?;
+            let [mut q, mut k, v] = forward_many([&l.wq, &l.wk, &l.wv], &h, t)?;
             rope.apply(&mut q, c.n_heads, RopeStyle::Interleaved);
             rope.apply(&mut k, c.n_kv_heads, RopeStyle::Interleaved);
             let a = spans.attend(rows, il, (&q, &k, &v), &spec);
             ops::add_inplace(&mut x, &l.wo.forward(&a, t)?);
 
             let h = ops::rms_norm(&x, &l.ffn_norm, c.rms_eps);
-            let mut gate = l.w_gate.forward(&h, t)?;
-            ops::silu_mul(&mut gate, &l.w_up.forward(&h, t)?);
+            let [mut gate, up] = forward_many([&l.w_gate, &l.w_up], &h, t)?;
+            ops::silu_mul(&mut gate, &up);
             ops::add_inplace(&mut x, &l.w_down.forward(&gate, t)?);
         }
         spans.commit(rows);

@@ -21,7 +21,7 @@ mod stream;
 
 use candle_core::quantized::GgmlDType;
 
-use super::parallel_columns;
+use super::parallel_columns_many;
 use crate::error::{Error, Result};
 
 use act::{Q8KSign, QK, QK_K, quantize_q8_0, quantize_q8_1, quantize_q8_k};
@@ -80,106 +80,151 @@ impl QuantMatMul {
 
     /// `x` is `[m, k]`; returns `[m, n]`.
     pub(crate) fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let n = self.n;
-        let mut out = vec![0.0f32; m * n];
-        match &self.w {
-            Weights::Q4_1(w) => self.run4(w, &quantize_q8_1(x), m, &mut out, dot::dots_q4_1()),
-            Weights::Q5_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out, dot::dots_q5_0()),
-            Weights::Q8_0(w) => self.run4(w, &quantize_q8_0(x), m, &mut out, dot::dots_q8_0()),
-            Weights::Q4K(w) => {
-                // ggml's repacked kernel takes rows four at a time, the remainder one by one.
-                let grouped = if super::batched(m) { m - m % 4 } else { 0 };
-                let path = |r: usize| {
-                    if r < grouped { Q4KPath::Gemm } else { Q4KPath::Gemv }
-                };
-                self.run(w, &q8k_rows_for_q4k(x, m, grouped), m, &mut out, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
-            }
-            Weights::Q6K(w) => {
-                // ggml takes its tiled K-quant path from 8 rows up.
-                let dot = if m >= 8 && super::batched(m) { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
-                self.run(w, &quantize_q8_k(x, Q8KSign::FirstMax), m, &mut out, |w, a, _| dot(w, a))
-            }
-        }
-        out
+        Self::forward_many(&[self], x, m).pop().expect("one output")
     }
 
-    /// `run` for kernels with multi-row variants: from two rows up, each column's rows go
-    /// four at a time and a remainder of two or three together (the weight block is
-    /// unpacked once for the group); a single leftover row takes the one-row kernel. One
-    /// row alone (solo decode) goes four columns at a time (`run_cols`). Every row's
-    /// arithmetic is the one-row kernel's whichever path it takes.
-    fn run4<W: Sync>(&self, w: &[W], acts: &[act::ActQ8], m: usize, out: &mut [f32], dots: dot::Dots<W>) {
-        let dot = dots.one;
-        if m < 2 {
-            return self.run_cols(w, acts, out, dot, dots.cols4);
-        }
-        let kb = self.k_blocks;
-        let work = m * self.n * self.k;
-        let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        parallel_columns(out, m, COLS, work, |c, chunk| {
-            for (i, col_out) in chunk.chunks_exact_mut(m).enumerate() {
-                let col = c * COLS + i;
-                let wr = &w[col * kb..(col + 1) * kb];
-                let mut r = 0;
-                while r < m {
-                    let take = (m - r).min(4);
-                    let o = &mut col_out[r..r + take];
-                    match take {
-                        1 => o[0] = dot(wr, row(r)),
-                        2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
-                        3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
-                        _ => o.copy_from_slice(&(dots.x4)(wr, std::array::from_fn(|j| row(r + j)))),
-                    }
-                    r += take;
+    /// Several matrices against the same `x` (`[m, k]`, every matrix `k` wide) in one
+    /// pool call: one barrier instead of one per matrix (Q, K and V; gate and up), and
+    /// `x` quantized once per activation format. Returns each `[m, n_i]`.
+    pub(crate) fn forward_many(mats: &[&QuantMatMul], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+        // Kernel choices read this thread's numerics: made here, before the pool runs.
+        let mut acts: Vec<Acts> = Vec::with_capacity(mats.len());
+        let mut which_acts = Vec::with_capacity(mats.len());
+        for w in mats {
+            let want = w.acts_kind(m);
+            let at = match acts.iter().position(|a| a.kind() == want) {
+                Some(at) => at,
+                None => {
+                    acts.push(Acts::quantize(want, x, m));
+                    acts.len() - 1
                 }
-            }
-        });
+            };
+            which_acts.push(at);
+        }
+        let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![0.0f32; m * w.n]).collect();
+        let work = mats.iter().map(|w| m * w.n * w.k).sum();
+        let mut views: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        parallel_columns_many(&mut views, m, COLS, work, |i, c, tile| mats[i].chunk(&acts[which_acts[i]], m, c, tile));
+        outs
     }
 
-    /// One row (decode): columns four at a time, a ragged end one by one.
-    fn run_cols<W: Sync>(
-        &self,
-        w: &[W],
-        acts: &[act::ActQ8],
-        out: &mut [f32],
-        dot: fn(&[W], &[act::ActQ8]) -> f32,
-        cols: cols::ColsN<W, 4>,
-    ) {
+    /// The activation format (and kernel path) this matrix takes for `m` rows.
+    fn acts_kind(&self, m: usize) -> ActsKind {
+        match &self.w {
+            Weights::Q4_1(_) => ActsKind::Q8_1,
+            Weights::Q5_0(_) | Weights::Q8_0(_) => ActsKind::Q8_0,
+            // ggml's repacked Q4_K kernel takes rows four at a time, the remainder one by one.
+            Weights::Q4K(_) => ActsKind::Q8K { grouped: if super::batched(m) { m - m % 4 } else { 0 }, tiled: false },
+            // ggml takes its tiled Q6_K path from 8 rows up.
+            Weights::Q6K(_) => ActsKind::Q8K { grouped: 0, tiled: m >= 8 && super::batched(m) },
+        }
+    }
+
+    /// Columns `c * COLS ..` (fewer at the end) into `tile`, `[column][row]`.
+    fn chunk(&self, acts: &Acts, m: usize, c: usize, tile: &mut [f32]) {
+        match (&self.w, acts) {
+            (Weights::Q4_1(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q4_1()),
+            (Weights::Q5_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q5_0()),
+            (Weights::Q8_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0()),
+            (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped, .. })) => {
+                let path = |r: usize| if r < *grouped { Q4KPath::Gemm } else { Q4KPath::Gemv };
+                self.chunk1(w, a, m, c, tile, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
+            }
+            (Weights::Q6K(w), Acts::Q8K(a, ActsKind::Q8K { tiled, .. })) => {
+                let dot = if *tiled { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
+                self.chunk1(w, a, m, c, tile, |w, a, _| dot(w, a))
+            }
+            _ => unreachable!("activations are quantized for the matrix's own format"),
+        }
+    }
+
+    /// A chunk for kernels with multi-row variants: from two rows up, each column's rows
+    /// go four at a time and a remainder of two or three together (the weight block is
+    /// unpacked once for the group); a single leftover row takes the one-row kernel. One
+    /// row alone (solo decode) goes four columns at a time. Every row's arithmetic is the
+    /// one-row kernel's whichever path it takes.
+    fn chunk4<W>(&self, w: &[W], acts: &[act::ActQ8], m: usize, c: usize, tile: &mut [f32], dots: dot::Dots<W>) {
         let kb = self.k_blocks;
-        let col = |c: usize| &w[c * kb..(c + 1) * kb];
-        parallel_columns(out, 1, COLS, self.n * self.k, |c, chunk| {
-            let first = c * COLS;
-            let done = chunk.len() / 4 * 4;
-            let mut quads = chunk.chunks_exact_mut(4);
+        let dot = dots.one;
+        let first = c * COLS;
+        let col = |j: usize| &w[(first + j) * kb..(first + j + 1) * kb];
+        if m < 2 {
+            let done = tile.len() / 4 * 4;
+            let mut quads = tile.chunks_exact_mut(4);
             for (q, o) in quads.by_ref().enumerate() {
-                o.copy_from_slice(&cols(std::array::from_fn(|j| col(first + 4 * q + j)), acts));
+                o.copy_from_slice(&(dots.cols4)(std::array::from_fn(|j| col(4 * q + j)), acts));
             }
             for (i, o) in quads.into_remainder().iter_mut().enumerate() {
-                *o = dot(col(first + done + i), acts);
+                *o = dot(col(done + i), acts);
             }
-        });
+            return;
+        }
+        let row = |r: usize| &acts[r * kb..(r + 1) * kb];
+        for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
+            let wr = col(i);
+            let mut r = 0;
+            while r < m {
+                let take = (m - r).min(4);
+                let o = &mut col_out[r..r + take];
+                match take {
+                    1 => o[0] = dot(wr, row(r)),
+                    2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
+                    3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
+                    _ => o.copy_from_slice(&(dots.x4)(wr, std::array::from_fn(|j| row(r + j)))),
+                }
+                r += take;
+            }
+        }
     }
 
-    /// Every (column, row) dot product, columns in parallel chunks.
-    fn run<W: Sync, A: Sync>(
+    /// A chunk, every (column, row) dot product on its own.
+    fn chunk1<W, A>(
         &self,
         w: &[W],
         acts: &[A],
         m: usize,
-        out: &mut [f32],
-        dot: impl Fn(&[W], &[A], usize) -> f32 + Sync,
+        c: usize,
+        tile: &mut [f32],
+        dot: impl Fn(&[W], &[A], usize) -> f32,
     ) {
         let kb = self.k_blocks;
-        let work = m * self.n * self.k;
-        parallel_columns(out, m, COLS, work, |c, chunk| {
-            for (i, col_out) in chunk.chunks_exact_mut(m).enumerate() {
-                let col = c * COLS + i;
-                let wr = &w[col * kb..(col + 1) * kb];
-                for (r, o) in col_out.iter_mut().enumerate() {
-                    *o = dot(wr, &acts[r * kb..(r + 1) * kb], r);
-                }
+        for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
+            let col = c * COLS + i;
+            let wr = &w[col * kb..(col + 1) * kb];
+            for (r, o) in col_out.iter_mut().enumerate() {
+                *o = dot(wr, &acts[r * kb..(r + 1) * kb], r);
             }
-        });
+        }
+    }
+}
+
+/// Which quantized form of the activations a matrix reads, with the kernel path chosen
+/// for the batch size (Q8_K: rows in ggml's 4-row groups, the tiled Q6_K kernel).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ActsKind {
+    Q8_0,
+    Q8_1,
+    Q8K { grouped: usize, tiled: bool },
+}
+
+enum Acts {
+    Q8(Vec<act::ActQ8>, ActsKind),
+    Q8K(Vec<act::ActQ8K>, ActsKind),
+}
+
+impl Acts {
+    fn quantize(kind: ActsKind, x: &[f32], m: usize) -> Self {
+        match kind {
+            ActsKind::Q8_0 => Acts::Q8(quantize_q8_0(x), kind),
+            ActsKind::Q8_1 => Acts::Q8(quantize_q8_1(x), kind),
+            ActsKind::Q8K { grouped, .. } => Acts::Q8K(q8k_rows_for_q4k(x, m, grouped), kind),
+        }
+    }
+
+    fn kind(&self) -> ActsKind {
+        match self {
+            Acts::Q8(_, k) | Acts::Q8K(_, k) => *k,
+        }
     }
 }
 
