@@ -87,12 +87,14 @@ fn grouped(parts: &[(&SeqCache, usize, &[f32])], layer: usize, spec: &AttnSpec) 
     let items: Vec<(usize, usize)> = short.iter().flat_map(|&p| (0..n_kv).map(move |g| (p, g))).collect();
     let chunk = (MIN_TILED_ROWS - 1) * group * hd;
     let work = short.iter().map(|&p| rows(parts[p].2) * (parts[p].1 + rows(parts[p].2)) * q_dim).sum();
+    // Kernel choices read this thread's numerics: made here, before the pool runs.
+    let orders: Vec<Order> =
+        parts.iter().map(|p| if super::batched(rows(p.2)) { Order::Batched } else { Order::Single }).collect();
     let mut buf = vec![0.0f32; items.len() * chunk];
     parallel_chunks(&mut buf, chunk, work, |i, o| {
         let (p, g) = items[i];
         let (cache, pos0, q) = parts[p];
-        let order = if super::batched(rows(q)) { Order::Batched } else { Order::Single };
-        attend_tile(cache, layer, pos0, q, spec, order, g, 0..rows(q), o);
+        attend_tile(cache, layer, pos0, q, spec, orders[p], g, 0..rows(q), o);
     });
     let mut out = Vec::with_capacity(parts.iter().map(|p| p.2.len()).sum());
     let mut tiles = buf.chunks_exact(chunk);
@@ -103,12 +105,9 @@ fn grouped(parts: &[(&SeqCache, usize, &[f32])], layer: usize, spec: &AttnSpec) 
         }
         let base = out.len();
         out.resize(base + q.len(), 0.0);
-        // This sequence's tiles, one per K/V head: [its rows][group][hd] each.
+        // This sequence's tiles, one per K/V head.
         for (g, tile) in tiles.by_ref().take(n_kv).enumerate() {
-            for t in 0..rows(q) {
-                let at = base + (t * spec.n_heads + g * group) * hd;
-                out[at..at + group * hd].copy_from_slice(&tile[t * group * hd..][..group * hd]);
-            }
+            place(&mut out[base..], tile, g, 0..rows(q), spec);
         }
     }
     out
@@ -157,12 +156,20 @@ fn tiled(
     let mut out = vec![0.0f32; q.len()];
     for (tile, part) in buf.chunks_exact(chunk).enumerate() {
         let (g, ts) = tile_of(tile);
-        for (i, t) in ts.enumerate() {
-            let src = &part[i * group * hd..][..group * hd];
-            out[(t * spec.n_heads + g * group) * hd..][..group * hd].copy_from_slice(src);
-        }
+        place(&mut out, part, g, ts, spec);
     }
     out
+}
+
+/// Copy a tile of K/V head `g` (`[rows][group][hd]` for query rows `ts`) into `out`
+/// (`[T][n_heads][hd]`).
+fn place(out: &mut [f32], tile: &[f32], g: usize, ts: std::ops::Range<usize>, spec: &AttnSpec) {
+    let hd = spec.head_dim;
+    let width = spec.n_heads / spec.n_kv_heads * hd;
+    for (i, t) in ts.enumerate() {
+        let at = (t * spec.n_heads) * hd + g * width;
+        out[at..at + width].copy_from_slice(&tile[i * width..][..width]);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -26,7 +26,7 @@ pub(crate) fn q5_0_q8_0<const C: usize>(w: [&[BlockQ5_0]; C], a: &[ActQ8]) -> [f
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::dot::hsum8;
+    use super::super::dot::xn::{finish, step};
     use super::super::stream::prefetch;
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
@@ -36,23 +36,6 @@ mod imp {
 
     fn blocks<W, const C: usize>(w: &[&[W]; C], a: &[ActQ8]) -> usize {
         w.iter().map(|w| w.len()).fold(a.len(), usize::min)
-    }
-
-    fn finish<const C: usize>(acc: [__m256; C], extra: [f32; C]) -> [f32; C] {
-        std::array::from_fn(|c| {
-            let mut l = [0.0f32; 8];
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[c]) };
-            hsum8(&l) + extra[c]
-        })
-    }
-
-    /// `acc = fma(d, float(lanes of x·y), acc)` with `x` unsigned bytes < 128.
-    #[inline(always)]
-    unsafe fn step(acc: __m256, d: f32, x: __m256i, y: __m256i) -> __m256 {
-        unsafe {
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
-            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc)
-        }
     }
 
     pub(super) fn q4_1_q8_1<const C: usize>(w: [&[BlockQ4_1]; C], a: &[ActQ8]) -> [f32; C] {
@@ -83,7 +66,13 @@ mod imp {
         }
     }
 
-    pub(super) fn q8_0_q8_0<const C: usize>(w: [&[BlockQ8_0]; C], a: &[ActQ8]) -> [f32; C] {
+    /// The signed-weight formats: `scale_qs` gives a block's f32 scale and its 32 values.
+    #[inline(always)]
+    fn signed_cols<W, const C: usize>(
+        w: [&[W]; C],
+        a: &[ActQ8],
+        scale_qs: impl Fn(&W) -> (f32, &[i8; 32]),
+    ) -> [f32; C] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; C];
         for (b, ab) in a[..blocks(&w, a)].iter().enumerate() {
             unsafe {
@@ -91,26 +80,20 @@ mod imp {
                 for c in 0..C {
                     let wb = &w[c][b];
                     prefetch(wb);
-                    acc[c] = signed(acc[c], wb.d.to_f32() * ab.d, &wb.qs, y);
+                    let (d, qs) = scale_qs(wb);
+                    acc[c] = signed(acc[c], d * ab.d, qs, y);
                 }
             }
         }
         finish(acc, [0.0; C])
     }
 
+    pub(super) fn q8_0_q8_0<const C: usize>(w: [&[BlockQ8_0]; C], a: &[ActQ8]) -> [f32; C] {
+        signed_cols(w, a, |wb| (wb.d.to_f32(), &wb.qs))
+    }
+
     pub(super) fn q5_0_q8_0<const C: usize>(w: [&[BlockQ5_0]; C], a: &[ActQ8]) -> [f32; C] {
-        let mut acc = [unsafe { _mm256_setzero_ps() }; C];
-        for (b, ab) in a[..blocks(&w, a)].iter().enumerate() {
-            unsafe {
-                let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
-                for c in 0..C {
-                    let wb = &w[c][b];
-                    prefetch(wb);
-                    acc[c] = signed(acc[c], wb.d * ab.d, &wb.qs, y);
-                }
-            }
-        }
-        finish(acc, [0.0; C])
+        signed_cols(w, a, |wb| (wb.d, &wb.qs))
     }
 }
 

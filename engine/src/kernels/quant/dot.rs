@@ -161,7 +161,7 @@ pub(crate) fn dots_q8_0() -> Dots<BlockQ8_0> {
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-mod xn {
+pub(super) mod xn {
     use std::arch::x86_64::*;
 
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0, hsum8, prefetch};
@@ -170,8 +170,9 @@ mod xn {
     // read exactly the 16 or 32 bytes of the fixed-size arrays they are given, stores
     // write an [f32; 8].
 
+    /// Each accumulator's eight lanes in `hsum8`'s order, plus `extra`.
     #[inline]
-    fn finish<const N: usize>(acc: [__m256; N], extra: [f32; N]) -> [f32; N] {
+    pub(in super::super) fn finish<const N: usize>(acc: [__m256; N], extra: [f32; N]) -> [f32; N] {
         std::array::from_fn(|r| {
             let mut l = [0.0f32; 8];
             unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };
@@ -180,8 +181,8 @@ mod xn {
     }
 
     /// `acc = fma(d, float(lanes of x·y), acc)` with `x` unsigned bytes < 128.
-    #[inline]
-    unsafe fn step(acc: __m256, d: f32, x: __m256i, y: __m256i) -> __m256 {
+    #[inline(always)]
+    pub(in super::super) unsafe fn step(acc: __m256, d: f32, x: __m256i, y: __m256i) -> __m256 {
         unsafe {
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
             _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc)
