@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::Args;
 use clap::builder::BoolishValueParser;
+use corral_engine::backend::DeviceChoice;
 use corral_engine::cache::{CacheConfig, SsdConfig};
 use corral_engine::server::{ServeError, ServerConfig, ServerDefaults};
 use corral_engine::{Engine, threads};
@@ -59,6 +60,9 @@ pub struct EngineArgs {
     /// Compute threads (default: physical cores).
     #[arg(long = flag::THREADS, env = "CORRAL_THREADS")]
     threads: Option<usize>,
+    /// Compute device: auto (a usable NVIDIA GPU, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long = flag::DEVICE, default_value = "auto", env = "CORRAL_DEVICE")]
+    device: DeviceChoice,
     /// Keep prompt-cache entries on disk in this directory (SSD tier; off by default
     /// for a bare engine, on by default under `corral serve`).
     #[arg(long = flag::SSD_CACHE, value_name = "DIR", env = "CORRAL_SSD_CACHE")]
@@ -245,7 +249,7 @@ pub fn engine(args: EngineArgs) -> u8 {
         Ok(id) => id,
         Err(e) => return fail(CONFIG, &format!("bad model id: {e}")),
     };
-    let mut engine = match Engine::load_with(&args.model, args.ssd_cache.as_deref()) {
+    let mut engine = match Engine::load_with(&args.model, args.ssd_cache.as_deref(), args.device) {
         Ok(e) => e,
         Err(e) => return fail(CONFIG, &e.to_string()),
     };
@@ -308,6 +312,7 @@ mod tests {
                 memory_budget_gb: Some(2.5),
                 kv_budget_gb: Some(0.25),
                 threads: Some(3),
+                device: Some("cuda:1".into()),
                 sampling: SamplingFlags {
                     temperature: Some(0.5),
                     top_p: Some(0.9),
@@ -339,6 +344,7 @@ mod tests {
             (Some("/models/m.gguf"), Some("m"), Some("/run/corral/e-1.sock"))
         );
         assert_eq!((a.ctx, a.max_queue, a.batch, a.threads), (Some(2048), 7, 4, Some(3)));
+        assert_eq!(a.device, DeviceChoice::Cuda(1));
         assert_eq!((a.memory_budget, a.kv_budget), (Some(2.5), Some(0.25)));
         assert_eq!(a.sampling.to_flags(), launch.options.sampling);
         assert_eq!(a.cache.to_flags(a.ssd_cache.clone()), launch.options.cache);

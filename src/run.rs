@@ -53,6 +53,9 @@ pub struct RunArgs {
     /// Compute threads (default: physical cores).
     #[arg(long, env = "CORRAL_THREADS")]
     threads: Option<usize>,
+    /// Compute device: auto (a usable NVIDIA GPU, else the CPU), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto", env = "CORRAL_DEVICE")]
+    device: corral_engine::backend::DeviceChoice,
     /// Models directory for ids.
     #[arg(long, env = "CORRAL_MODELS_DIR")]
     models_dir: Option<std::path::PathBuf>,
@@ -74,7 +77,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     threads::init(args.threads);
     let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
     let entry = corral_pool::registry::resolve(&args.model, &dir)?;
-    let engine = Engine::load(&entry.path)?;
+    let engine = Engine::load_with(&entry.path, None, args.device)?;
     eprintln!(
         "corral: loaded {} ({}, {} layers) in {:.2} s",
         entry.id,

@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// Compute threads per engine, passed to engines.
     #[arg(long, env = "CORRAL_THREADS")]
     threads: Option<usize>,
+    /// Compute device for engines: auto (default: a usable NVIDIA GPU, else the CPU),
+    /// cpu, cuda or cuda:N.
+    #[arg(long, env = "CORRAL_DEVICE")]
+    device: Option<corral_engine::backend::DeviceChoice>,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     max_body_bytes: usize,
@@ -201,6 +205,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         memory_budget_gb: (memory_budget > 0).then(|| memory_budget as f64 / 1e9 / args.model_pool.max(1) as f64),
         kv_budget_gb: args.kv_budget,
         threads: args.threads,
+        device: args.device.map(|d| d.to_string()),
         sampling: args.sampling.to_flags(),
         cache: args.cache.to_flags(ssd_dir),
     };

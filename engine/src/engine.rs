@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::backend::DeviceChoice;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -51,13 +52,15 @@ fn file_kv_version_tag() -> [u8; 8] {
 }
 
 impl Engine {
+    /// Load on the CPU.
     pub fn load(path: &Path) -> Result<Self> {
-        Self::load_with(path, None)
+        Self::load_with(path, None, DeviceChoice::Cpu)
     }
 
     /// Like `load`; `cache_dir` (the prompt cache's directory) keeps what is slow to
     /// derive from the file's vocabulary for the next start (`tokenizer::from_gguf_cached`).
-    pub fn load_with(path: &Path, cache_dir: Option<&Path>) -> Result<Self> {
+    /// `device` picks the backend (see `Model::load_on`).
+    pub fn load_with(path: &Path, cache_dir: Option<&Path>, device: DeviceChoice) -> Result<Self> {
         let start = Instant::now();
         let g = Gguf::open(path)?;
         tracing::debug!(ms = start.elapsed().as_millis() as u64, "model file opened");
@@ -75,7 +78,7 @@ impl Engine {
                 tok
             });
             let t = Instant::now();
-            let model = Model::load(&g);
+            let model = Model::load_on(&g, device);
             tracing::debug!(ms = t.elapsed().as_millis() as u64, "weights loaded");
             let t = Instant::now();
             let mut h = blake3::Hasher::new();
@@ -151,6 +154,11 @@ impl Engine {
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+
+    /// What the model computes on (`/admin/stats`' `device`).
+    pub fn device_stats(&self) -> corral_protocol::engine_wire::DeviceStats {
+        self.model.device_stats()
     }
 
     /// Render a conversation with the chat template and tokenize it.

@@ -14,7 +14,13 @@
 //!
 //! Invariant: positions `< len` are valid in every layer. The model writes positions
 //! `len..len+T` during a forward pass and `commit`s them only when the pass succeeded.
+//!
+//! These host blocks are always the truth. A GPU backend keeps a `Mirror` of the first
+//! positions in device memory (attention reads it there) and writes every new position
+//! to both; what the mirror lacks (a sequence restored from the prompt cache or the SSD
+//! tier, or forked) it uploads from here before the next pass.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use half::f16;
@@ -70,16 +76,35 @@ impl KvBlock {
     }
 }
 
-#[derive(Clone)]
+/// A copy of a sequence's first `len` positions that a backend keeps in its own memory.
+/// Not cloned with the sequence (a clone or fork starts without one); `truncate` clamps
+/// `len`. The backend owns what `data` is.
+pub struct Mirror {
+    pub len: usize,
+    pub data: Box<dyn Any + Send + Sync>,
+}
+
 pub struct SeqCache {
     shape: KvShape,
     blocks: Vec<Arc<KvBlock>>,
     len: usize,
+    mirror: Option<Mirror>,
+}
+
+impl Clone for SeqCache {
+    fn clone(&self) -> Self {
+        Self { shape: self.shape, blocks: self.blocks.clone(), len: self.len, mirror: None }
+    }
 }
 
 impl SeqCache {
     pub fn new(shape: KvShape) -> Self {
-        Self { shape, blocks: Vec::new(), len: 0 }
+        Self { shape, blocks: Vec::new(), len: 0, mirror: None }
+    }
+
+    /// The backend's copy of this sequence, if it has one.
+    pub(crate) fn mirror_mut(&mut self) -> &mut Option<Mirror> {
+        &mut self.mirror
     }
 
     pub fn shape(&self) -> KvShape {
@@ -102,12 +127,15 @@ impl SeqCache {
         }
         self.len = n;
         self.blocks.truncate(n.div_ceil(BLOCK_TOKENS));
+        if let Some(m) = &mut self.mirror {
+            m.len = m.len.min(n);
+        }
     }
 
     /// A new sequence sharing this one's first `n` positions (clamped to `len`).
     pub fn fork(&self, n: usize) -> SeqCache {
         let n = n.min(self.len);
-        Self { shape: self.shape, blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n }
+        Self { shape: self.shape, blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, mirror: None }
     }
 
     /// Bytes of KV memory this sequence references (shared blocks counted in full).
@@ -137,14 +165,31 @@ impl SeqCache {
     /// Those positions must have been `reserve`d.
     pub(crate) fn write(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
         let d = self.shape.kv_dim;
+        self.write_rows(layer, pos0, k.len() / d, |t, which, dst| {
+            dst.convert_from_f32_slice(&[k, v][which][t * d..][..d]);
+        });
+    }
+
+    /// `write` for values already rounded to f16 (a GPU backend's copy of its K/V).
+    pub(crate) fn write_f16(&mut self, layer: usize, pos0: usize, k: &[f16], v: &[f16]) {
+        let d = self.shape.kv_dim;
+        self.write_rows(layer, pos0, k.len() / d, |t, which, dst| {
+            dst.copy_from_slice(&[k, v][which][t * d..][..d]);
+        });
+    }
+
+    /// `put(t, which, dst)` fills K (`which` 0) or V (1) of position `pos0 + t`.
+    fn write_rows(&mut self, layer: usize, pos0: usize, n: usize, mut put: impl FnMut(usize, usize, &mut [f16])) {
+        let d = self.shape.kv_dim;
         let shape = self.shape;
-        for (t, (kr, vr)) in k.chunks_exact(d).zip(v.chunks_exact(d)).enumerate() {
+        for t in 0..n {
             let pos = pos0 + t;
             let block =
                 Arc::get_mut(&mut self.blocks[pos / BLOCK_TOKENS]).expect("reserve() made written blocks unique");
             let slot = (pos % BLOCK_TOKENS) * d;
-            block.plane_mut(&shape, layer, 0)[slot..slot + d].convert_from_f32_slice(kr);
-            block.plane_mut(&shape, layer, 1)[slot..slot + d].convert_from_f32_slice(vr);
+            for which in 0..2 {
+                put(t, which, &mut block.plane_mut(&shape, layer, which)[slot..slot + d]);
+            }
         }
     }
 
@@ -194,7 +239,7 @@ impl SeqCache {
             }
             blocks.push(Arc::new(blk));
         }
-        Ok(SeqCache { shape, blocks, len: n })
+        Ok(SeqCache { shape, blocks, len: n, mirror: None })
     }
 }
 

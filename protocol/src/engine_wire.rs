@@ -88,6 +88,19 @@ pub struct Memory {
     pub used_bytes: u64,
 }
 
+/// The engine's compute device.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct DeviceStats {
+    /// `cpu` or `cuda:N`.
+    pub kind: String,
+    /// The GPU's name (empty on the CPU).
+    pub name: String,
+    /// Device memory, total and in use by every process (0 on the CPU).
+    pub memory_total_bytes: u64,
+    pub memory_used_bytes: u64,
+}
+
 /// The RAM tier of the prompt cache.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
@@ -153,6 +166,8 @@ pub struct EngineStats {
     /// Exponential moving averages (weight 0.2 for the newest request).
     pub avg: Averages,
     pub memory: Memory,
+    /// What the engine computes on.
+    pub device: DeviceStats,
     pub prompt_cache: PromptCacheStats,
     /// `None` when the SSD tier is off.
     pub ssd_cache: Option<SsdCacheStats>,

@@ -34,6 +34,7 @@ pub mod flag {
     pub const MEMORY_BUDGET: &str = "memory-budget";
     pub const KV_BUDGET: &str = "kv-budget";
     pub const THREADS: &str = "threads";
+    pub const DEVICE: &str = "device";
     pub const TEMPERATURE: &str = "temperature";
     pub const TOP_P: &str = "top-p";
     pub const TOP_K: &str = "top-k";
@@ -106,6 +107,8 @@ pub struct EngineOptions {
     pub memory_budget_gb: Option<f64>,
     pub kv_budget_gb: Option<f64>,
     pub threads: Option<usize>,
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub device: Option<String>,
     pub sampling: SamplingFlags,
     pub cache: CacheFlags,
 }
@@ -134,6 +137,7 @@ impl EngineLaunch {
         a.opt(flag::MEMORY_BUDGET, o.memory_budget_gb);
         a.opt(flag::KV_BUDGET, o.kv_budget_gb);
         a.opt(flag::THREADS, o.threads);
+        a.opt(flag::DEVICE, o.device.as_deref());
         let s = &o.sampling;
         a.opt(flag::TEMPERATURE, s.temperature);
         a.opt(flag::TOP_P, s.top_p);

@@ -1,6 +1,78 @@
-//! Compute backends other than the CPU kernels in `crate::kernels`.
+//! Compute backends: the small set of ops every architecture's forward is written over
+//! (`crate::model::{llama, gemma3}` are generic over `Backend`), executed by the CPU
+//! kernels (`cpu`) or an NVIDIA GPU (`cuda`). A batch of rows is the unit a backend
+//! executes; one forward pass is `begin` .. ops .. `finish`.
 //!
-//! Today only `cuda`: op-level device kernels checked against the CPU ops. Nothing here
-//! is wired into the model forward yet; the CPU path is unaffected by this module.
+//! Activations live in the backend's memory (`Act`); only token ids go in and only the
+//! requested logits come out. The CPU backend calls exactly the kernels the model called
+//! before this seam existed, so CPU numerics (and the llama.cpp parity) are unchanged.
 
+pub mod cpu;
 pub mod cuda;
+mod device;
+
+pub use device::{DeviceChoice, DeviceKind};
+
+use crate::error::Result;
+use crate::gguf::Gguf;
+use crate::kernels::AttnSpec;
+use crate::kernels::ops::RopeStyle;
+use crate::model::Row;
+
+pub trait Backend: Send + Sync + 'static {
+    /// Activations `[rows][width]` for the pass's stacked rows.
+    type Act;
+    /// A weight matrix `[out][in]` in its stored (quantized) format.
+    type Matrix: Send + Sync;
+    /// A vector of f32 weights (norms).
+    type Vector: Send + Sync;
+    /// The token embedding table.
+    type Table: Send + Sync;
+    /// What one forward pass needs to know about its rows (positions, rotary tables,
+    /// where each row's K/V lives).
+    type Pass;
+
+    fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Self::Matrix>;
+    fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<Self::Vector>;
+    fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Self::Table>;
+
+    /// Start a pass over `rows` (each row's tokens at positions `cache.len()..`), with
+    /// rotary tables for each of `rope_bases` (`rope` picks one by index).
+    fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<Self::Pass>;
+    /// The stacked rows' embeddings `[T][hidden]`.
+    fn embed(&self, p: &Self::Pass, table: &Self::Table) -> Result<Self::Act>;
+    fn scale(&self, x: &mut Self::Act, s: f32) -> Result<()>;
+    /// RMSNorm of each run of `w`'s length (rows, or heads within rows).
+    fn rms_norm(&self, x: &Self::Act, w: &Self::Vector, eps: f32) -> Result<Self::Act>;
+    fn rms_norm_inplace(&self, x: &mut Self::Act, w: &Self::Vector, eps: f32) -> Result<()>;
+    /// `x W^T`.
+    fn matmul(&self, w: &Self::Matrix, x: &Self::Act) -> Result<Self::Act>;
+    /// Several matrices of the same input width against one `x`.
+    fn matmul_many<const N: usize>(&self, w: [&Self::Matrix; N], x: &Self::Act) -> Result<[Self::Act; N]>;
+    /// Rotate `x` (`[T][heads][head_dim]`) by rotary table `table` of the pass.
+    fn rope(&self, p: &Self::Pass, x: &mut Self::Act, heads: usize, table: usize, style: RopeStyle) -> Result<()>;
+    /// Write each row's new K/V for `layer`, then attend each row's queries over its own
+    /// cache. Returns `[T][n_heads * head_dim]`.
+    fn attend(
+        &self,
+        p: &mut Self::Pass,
+        rows: &mut [Row<'_>],
+        layer: usize,
+        qkv: (&Self::Act, &Self::Act, &Self::Act),
+        spec: &AttnSpec,
+    ) -> Result<Self::Act>;
+    fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
+    fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
+    fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// End the pass: commit every row's new positions, then final norm and output
+    /// projection of the rows each `Row::logits` asks for; one logits vector per row.
+    fn finish(
+        &self,
+        p: Self::Pass,
+        rows: &mut [Row<'_>],
+        x: &Self::Act,
+        norm: &Self::Vector,
+        eps: f32,
+        lm_head: &Self::Matrix,
+    ) -> Result<Vec<Vec<f32>>>;
+}

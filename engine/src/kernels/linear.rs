@@ -92,7 +92,6 @@ pub fn forward_many<const N: usize>(mats: [&Linear; N], x: &[f32], m: usize) -> 
 pub struct Embedding {
     table: QTensor,
     vocab: usize,
-    hidden: usize,
 }
 
 impl Embedding {
@@ -105,7 +104,7 @@ impl Embedding {
                 reason: format!("shape {dims:?}, expected [{vocab}, {hidden}]"),
             });
         }
-        Ok(Self { table, vocab, hidden })
+        Ok(Self { table, vocab })
     }
 
     /// `[tokens.len(), hidden]`. Ids were validated against the vocabulary by the caller.
@@ -113,14 +112,5 @@ impl Embedding {
         debug_assert!(tokens.iter().all(|&t| (t as usize) < self.vocab));
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
         Ok(self.table.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
-    }
-
-    pub fn hidden(&self) -> usize {
-        self.hidden
-    }
-
-    /// The table as an output projection (tied embeddings).
-    pub fn to_linear(&self, g: &Gguf, name: &str) -> Result<Linear> {
-        Linear::load(g, name, self.hidden, self.vocab)
     }
 }

@@ -12,6 +12,7 @@ use crate::kernels::{AttnSpec, attention_batch};
 use crate::kv::SeqCache;
 use crate::model::Logits;
 
+
 /// One sequence's share of a forward pass: `tokens` run at positions `cache.len()..`.
 pub struct Row<'a> {
     pub tokens: &'a [u32],
@@ -36,11 +37,6 @@ impl Spans {
             at += r.tokens.len();
         }
         Spans { spans, total: at }
-    }
-
-    /// Stacked rows in the batch.
-    pub(crate) fn total(&self) -> usize {
-        self.total
     }
 
     /// Every row's tokens, stacked; and room for them in every cache.
@@ -88,17 +84,31 @@ impl Spans {
         }
     }
 
-    /// The final hidden rows that need logits (`[k][hidden]`), and how many each row has.
-    pub(crate) fn output_rows(&self, rows: &[Row<'_>], x: &[f32], hidden: usize) -> (Vec<f32>, Vec<usize>) {
-        let mut out = Vec::new();
+    /// `(first stacked row, tokens, first position)` of each row.
+    pub(crate) fn each(&self) -> &[(usize, usize, usize)] {
+        &self.spans
+    }
+
+    /// The stacked rows whose final hidden state needs logits, and how many each row has.
+    pub(crate) fn logit_rows(&self, rows: &[Row<'_>]) -> (Vec<usize>, Vec<usize>) {
+        let mut picked = Vec::new();
         let mut counts = Vec::with_capacity(rows.len());
         for (r, &(at, n, _)) in rows.iter().zip(&self.spans) {
-            let mine = &x[at * hidden..(at + n) * hidden];
-            let picked = super::output_rows(mine, hidden, r.logits);
-            counts.push(picked.len() / hidden);
-            out.extend_from_slice(picked);
+            let mine = match r.logits {
+                Logits::None => at + n..at + n,
+                Logits::Last => at + n - 1..at + n,
+                Logits::All => at..at + n,
+            };
+            counts.push(mine.len());
+            picked.extend(mine);
         }
-        (out, counts)
+        (picked, counts)
+    }
+
+    /// The final hidden rows that need logits (`[k][hidden]`), and how many each row has.
+    pub(crate) fn output_rows(&self, rows: &[Row<'_>], x: &[f32], hidden: usize) -> (Vec<f32>, Vec<usize>) {
+        let (picked, counts) = self.logit_rows(rows);
+        (picked.iter().flat_map(|&i| &x[i * hidden..(i + 1) * hidden]).copied().collect(), counts)
     }
 }
 

@@ -1,70 +1,71 @@
 //! The llama architecture (SmolLM2, Llama 2/3, Mistral-style GQA models):
 //! pre-norm blocks, RMSNorm, rotary embedding on interleaved pairs, SwiGLU MLP.
+//! Written once over `Backend` ops; runs on the CPU or a GPU.
 
+use crate::backend::Backend;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
-use crate::kernels::ops::{self, RopeStyle};
-use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
+use crate::kernels::AttnSpec;
+use crate::kernels::ops::RopeStyle;
 use crate::model::Architecture;
-use crate::model::batch::{Row, Spans, split};
+use crate::model::batch::Row;
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    wo: Linear,
-    ffn_norm: Vec<f32>,
-    w_gate: Linear,
-    w_up: Linear,
-    w_down: Linear,
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Matrix,
+    wk: B::Matrix,
+    wv: B::Matrix,
+    wo: B::Matrix,
+    ffn_norm: B::Vector,
+    w_gate: B::Matrix,
+    w_up: B::Matrix,
+    w_down: B::Matrix,
 }
 
-pub(crate) struct Llama {
+pub(crate) struct Llama<B: Backend> {
+    b: B,
     cfg: ModelConfig,
-    embed: Embedding,
-    layers: Vec<Layer>,
-    norm: Vec<f32>,
-    lm_head: Linear,
+    embed: B::Table,
+    layers: Vec<Layer<B>>,
+    norm: B::Vector,
+    lm_head: B::Matrix,
 }
 
-impl Llama {
-    pub(crate) fn load(g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
+impl<B: Backend> Llama<B> {
+    pub(crate) fn load(b: B, g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
         let (h, q, kv, ff) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn);
-        let embed = Embedding::load(g, "token_embd.weight", cfg.vocab, h)?;
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}.weight");
                 Ok(Layer {
-                    attn_norm: g.f32_tensor(&n("attn_norm"), h)?,
-                    wq: Linear::load(g, &n("attn_q"), h, q)?,
-                    wk: Linear::load(g, &n("attn_k"), h, kv)?,
-                    wv: Linear::load(g, &n("attn_v"), h, kv)?,
-                    wo: Linear::load(g, &n("attn_output"), q, h)?,
-                    ffn_norm: g.f32_tensor(&n("ffn_norm"), h)?,
-                    w_gate: Linear::load(g, &n("ffn_gate"), h, ff)?,
-                    w_up: Linear::load(g, &n("ffn_up"), h, ff)?,
-                    w_down: Linear::load(g, &n("ffn_down"), ff, h)?,
+                    attn_norm: b.vector(g, &n("attn_norm"), h)?,
+                    wq: b.matrix(g, &n("attn_q"), h, q)?,
+                    wk: b.matrix(g, &n("attn_k"), h, kv)?,
+                    wv: b.matrix(g, &n("attn_v"), h, kv)?,
+                    wo: b.matrix(g, &n("attn_output"), q, h)?,
+                    ffn_norm: b.vector(g, &n("ffn_norm"), h)?,
+                    w_gate: b.matrix(g, &n("ffn_gate"), h, ff)?,
+                    w_up: b.matrix(g, &n("ffn_up"), h, ff)?,
+                    w_down: b.matrix(g, &n("ffn_down"), ff, h)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let lm_head = if g.has_tensor("output.weight") {
-            Linear::load(g, "output.weight", h, cfg.vocab)?
-        } else {
-            embed.to_linear(g, "token_embd.weight")?
-        };
-        Ok(Self { cfg: cfg.clone(), embed, layers, norm: g.f32_tensor("output_norm.weight", h)?, lm_head })
+        Ok(Self {
+            embed: b.table(g, "token_embd.weight", cfg.vocab, h)?,
+            lm_head: super::output_matrix(&b, g, cfg)?,
+            norm: b.vector(g, "output_norm.weight", h)?,
+            cfg: cfg.clone(),
+            layers,
+            b,
+        })
     }
 }
 
-impl Architecture for Llama {
+impl<B: Backend> Architecture for Llama<B> {
     fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
-        let c = &self.cfg;
-        let spans = Spans::of(rows);
-        let tokens = Spans::stack(rows);
-        let t = spans.total();
-        let rope = spans.rope(c.head_dim, c.rope_base);
+        let (b, c) = (&self.b, &self.cfg);
+        let mut p = b.begin(rows, c.head_dim, &[c.rope_base])?;
         let spec = AttnSpec {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
@@ -72,26 +73,20 @@ impl Architecture for Llama {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             window: None,
         };
-        let mut x = self.embed.lookup(&tokens)?;
+        let mut x = b.embed(&p, &self.embed)?;
         for (il, l) in self.layers.iter().enumerate() {
-            let h = ops::rms_norm(&x, &l.attn_norm, c.rms_eps);
-            let [mut q, mut k, v] = forward_many([&l.wq, &l.wk, &l.wv], &h, t)?;
-            rope.apply(&mut q, c.n_heads, RopeStyle::Interleaved);
-            rope.apply(&mut k, c.n_kv_heads, RopeStyle::Interleaved);
-            let a = spans.attend(rows, il, (&q, &k, &v), &spec);
-            ops::add_inplace(&mut x, &l.wo.forward(&a, t)?);
+            let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
+            let [mut q, mut k, v] = b.matmul_many([&l.wq, &l.wk, &l.wv], &h)?;
+            b.rope(&p, &mut q, c.n_heads, 0, RopeStyle::Interleaved)?;
+            b.rope(&p, &mut k, c.n_kv_heads, 0, RopeStyle::Interleaved)?;
+            let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec)?;
+            b.add(&mut x, &b.matmul(&l.wo, &a)?)?;
 
-            let h = ops::rms_norm(&x, &l.ffn_norm, c.rms_eps);
-            let [mut gate, up] = forward_many([&l.w_gate, &l.w_up], &h, t)?;
-            ops::silu_mul(&mut gate, &up);
-            ops::add_inplace(&mut x, &l.w_down.forward(&gate, t)?);
+            let h = b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
+            let [mut gate, up] = b.matmul_many([&l.w_gate, &l.w_up], &h)?;
+            b.silu_mul(&mut gate, &up)?;
+            b.add(&mut x, &b.matmul(&l.w_down, &gate)?)?;
         }
-        spans.commit(rows);
-        let (out, counts) = spans.output_rows(rows, &x, c.hidden);
-        if out.is_empty() {
-            return Ok(split(Vec::new(), &counts, c.vocab));
-        }
-        let h = ops::rms_norm(&out, &self.norm, c.rms_eps);
-        Ok(split(self.lm_head.forward(&h, out.len() / c.hidden)?, &counts, c.vocab))
+        b.finish(p, rows, &x, &self.norm, c.rms_eps, &self.lm_head)
     }
 }

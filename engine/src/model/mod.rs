@@ -1,6 +1,7 @@
 //! Model architectures: one file per architecture, each a forward pass over a batch of
 //! sequences (`batch::Row`: token ids and the external `SeqCache` they read and append
-//! to). A single sequence is a batch of one.
+//! to), written once over `crate::backend::Backend` ops. A single sequence is a batch
+//! of one.
 
 pub mod batch;
 mod gemma3;
@@ -8,6 +9,9 @@ mod llama;
 
 use std::sync::Arc;
 
+use crate::backend::cpu::Cpu;
+use crate::backend::cuda::CudaBackend;
+use crate::backend::{Backend, DeviceChoice, DeviceKind};
 use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -40,16 +44,75 @@ pub struct Model {
     config: Arc<ModelConfig>,
     arch: Arc<dyn Architecture>,
     numerics: Numerics,
+    device: DeviceKind,
+    /// The GPU the model lives on (for memory figures), if any.
+    gpu: Option<CudaBackend>,
+}
+
+fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Architecture>> {
+    Ok(match config.arch {
+        Arch::Llama => Arc::new(llama::Llama::load(b, g, config)?),
+        Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),
+    })
+}
+
+/// The output projection: `output.weight`, or the embedding table when tied.
+fn output_matrix<B: Backend>(b: &B, g: &Gguf, cfg: &ModelConfig) -> Result<B::Matrix> {
+    let name = if g.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
+    b.matrix(g, name, cfg.hidden, cfg.vocab)
 }
 
 impl Model {
+    /// Load on the CPU.
     pub fn load(g: &Gguf) -> Result<Self> {
+        Self::load_on(g, DeviceChoice::Cpu)
+    }
+
+    /// Load on the chosen device. `Auto` takes GPU 0 when one is usable and says in one
+    /// log line why not otherwise; an explicit `cuda:N` that cannot be used is an error.
+    pub fn load_on(g: &Gguf, device: DeviceChoice) -> Result<Self> {
         let config = ModelConfig::from_gguf(g)?;
-        let arch: Arc<dyn Architecture> = match config.arch {
-            Arch::Llama => Arc::new(llama::Llama::load(g, &config)?),
-            Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(g, &config)?),
+        let gpu = match device {
+            DeviceChoice::Cpu => None,
+            DeviceChoice::Cuda(n) => Some(CudaBackend::open(n)?),
+            DeviceChoice::Auto => CudaBackend::try_open_default(),
         };
-        Ok(Self { config: Arc::new(config), arch, numerics: Numerics::default() })
+        let on_gpu = match gpu {
+            None => None,
+            Some(b) => match build(b.clone(), g, &config) {
+                Ok(arch) => Some((arch, b)),
+                Err(e) if device == DeviceChoice::Auto => {
+                    tracing::info!(reason = %e, "model cannot run on the GPU, using the CPU");
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let (arch, device, gpu) = match on_gpu {
+            Some((arch, b)) => (arch, b.kind(), Some(b)),
+            None => (build(Cpu, g, &config)?, DeviceKind::Cpu, None),
+        };
+        tracing::info!(device = %device.label(), "model loaded");
+        Ok(Self { config: Arc::new(config), arch, numerics: Numerics::default(), device, gpu })
+    }
+
+    /// The device and, on a GPU, its memory (total, and used by every process).
+    pub fn device_stats(&self) -> corral_protocol::engine_wire::DeviceStats {
+        let (name, (free, total)) = match (&self.device, &self.gpu) {
+            (DeviceKind::Cuda { name, .. }, Some(b)) => (name.clone(), b.gpu().memory().unwrap_or((0, 0))),
+            _ => (String::new(), (0, 0)),
+        };
+        corral_protocol::engine_wire::DeviceStats {
+            kind: self.device.label(),
+            name,
+            memory_total_bytes: total as u64,
+            memory_used_bytes: total.saturating_sub(free) as u64,
+        }
+    }
+
+    /// What the model runs on.
+    pub fn device(&self) -> &DeviceKind {
+        &self.device
     }
 
     /// Choose the kernels' arithmetic (see `Numerics`; batch-invariant by default).
@@ -106,14 +169,5 @@ impl Model {
             .iter()
             .map(|r| if r.tokens.is_empty() { Vec::new() } else { logits.next().unwrap_or_default() })
             .collect())
-    }
-}
-
-/// The output rows a `Logits` mode needs from the final hidden states `[T][hidden]`.
-pub(crate) fn output_rows(x: &[f32], hidden: usize, logits: Logits) -> &[f32] {
-    match logits {
-        Logits::None => &[],
-        Logits::Last => &x[x.len() - hidden..],
-        Logits::All => x,
     }
 }

@@ -31,6 +31,7 @@ pub fn stats(app: &App) -> Response<Body> {
         memory_budget_bytes: app.memory_budget,
         model_file_bytes: app.engine.file_bytes,
         draining: app.draining.load(Ordering::SeqCst),
+        device: app.engine.device_stats(),
     };
     json_response(serde_json::to_string(&app.stats.snapshot(&app.model_id, shown, &app.cache)).unwrap_or_default())
 }

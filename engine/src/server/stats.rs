@@ -82,7 +82,8 @@ impl Stats {
     }
 
     pub fn snapshot(&self, model: &str, view: Shown, cache: &crate::cache::PromptCache) -> EngineStats {
-        let Shown { max_queue, batch, ctx, kv_budget_bytes, memory_budget_bytes, model_file_bytes, draining } = view;
+        let Shown { max_queue, batch, ctx, kv_budget_bytes, memory_budget_bytes, model_file_bytes, draining, device } =
+            view;
         let rss = rss_bytes();
         let (prompt_cache, ssd_cache) = cache.stats();
         let g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
@@ -115,6 +116,7 @@ impl Stats {
             last: g.0.clone(),
             avg: g.1.clone(),
             memory: Memory { rss_bytes: rss, model_file_bytes, budget_bytes: memory_budget_bytes, used_bytes: rss },
+            device,
             prompt_cache,
             ssd_cache,
         }
@@ -130,6 +132,7 @@ pub struct Shown {
     pub memory_budget_bytes: u64,
     pub model_file_bytes: u64,
     pub draining: bool,
+    pub device: corral_protocol::engine_wire::DeviceStats,
 }
 
 impl Default for Stats {

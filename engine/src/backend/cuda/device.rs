@@ -69,6 +69,7 @@ pub struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     arch: String,
+    name: String,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
@@ -98,7 +99,7 @@ impl Gpu {
         }
         let name = ctx.name().unwrap_or_default();
         tracing::info!(ordinal, device = %name, %arch, ms = t.elapsed().as_millis() as u64, "CUDA device ready");
-        Ok(Self { ctx, stream, arch, modules, functions: Mutex::new(HashMap::new()) })
+        Ok(Self { ctx, stream, arch, name, modules, functions: Mutex::new(HashMap::new()) })
     }
 
     /// Open device 0, or say why not in one log line (the caller stays on the CPU).
@@ -119,6 +120,11 @@ impl Gpu {
 
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+
+    /// The device's name, as the driver reports it.
+    pub fn name(&self) -> String {
+        self.name.clone()
     }
 
     /// Kernel `name` of `program`, looked up once.

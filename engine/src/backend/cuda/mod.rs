@@ -5,10 +5,13 @@
 //!
 //! Owns: library probing, the device context and stream, weight repacking/upload, and
 //! one host wrapper per op (activation quantization, quantized GEMV, RMSNorm, RoPE,
-//! SiLU/GELU gating, residual add, argmax). It must not change CPU numerics or be
-//! reached from the model forward yet; `tests.rs` checks every op against the CPU op.
+//! SiLU/GELU gating, residual add, argmax, attention over the device KV mirror), and
+//! `CudaBackend`, the model forward's `Backend` on the GPU (`forward.rs`). `tests.rs`
+//! checks every op against the CPU op, `tests_model.rs` whole models against the CPU.
 
 mod device;
+mod forward;
+mod kv;
 mod ops;
 mod probe;
 pub mod programs;
@@ -17,9 +20,14 @@ mod weights;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_kv;
+#[cfg(test)]
+mod tests_model;
+#[cfg(test)]
 mod tests_ops;
 
 pub use device::{Gpu, compile_cubin};
+pub use forward::{CudaBackend, CudaPass};
 pub use ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, RopeSpec};
 pub use probe::{Library, Presence, Unavailable};
 pub use weights::{DeviceWeights, MatrixBytes};

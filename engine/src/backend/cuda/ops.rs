@@ -2,7 +2,7 @@
 //! on `Gpu`. All ops are queued on the device's one stream; nothing here synchronizes.
 
 use candle_core::quantized::GgmlDType;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
 use super::programs::{EMBED, GEMV, OPS, QUANTIZE};
@@ -179,18 +179,50 @@ impl Gpu {
 
     /// `out[r] = x[r] / rms(x[r]) * w` for each row of width `w.len()`.
     pub fn rms_norm(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, out: &mut CudaSlice<f32>, eps: f32) -> Result<()> {
+        shape(out.len() >= x.len(), || format!("out has {} values, x {}", out.len(), x.len()))?;
+        let (xp, _) = x.device_ptr(&self.stream);
+        let (op, _) = out.device_ptr_mut(&self.stream);
+        self.rms_norm_at(xp, x.len(), w, op, eps)
+    }
+
+    /// `rms_norm` with the result written over `x`.
+    pub fn rms_norm_inplace(&self, x: &mut CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32) -> Result<()> {
+        let n = x.len();
+        let (xp, _) = x.device_ptr_mut(&self.stream);
+        self.rms_norm_at(xp, n, w, xp, eps)
+    }
+
+    /// The kernel reads each element before the same thread writes it, so `x == out`
+    /// is allowed; both hold `n` values (checked by the callers' borrows).
+    fn rms_norm_at(&self, x: u64, n: usize, w: &CudaSlice<f32>, out: u64, eps: f32) -> Result<()> {
         let width = w.len();
-        shape(width > 0 && x.len().is_multiple_of(width) && out.len() >= x.len(), || {
-            format!("x {} / out {} not rows of {width}", x.len(), out.len())
-        })?;
-        let rows = x.len() / width;
+        shape(width > 0 && n.is_multiple_of(width), || format!("x {n} not rows of {width}"))?;
+        let rows = n / width;
+        if rows == 0 {
+            return Ok(());
+        }
         let f = self.function(&OPS, "rms_norm")?;
         let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let wi = int(width)?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(w).arg(out).arg(&wi).arg(&eps);
-        // SAFETY: rows*width values in x and out; width in w.
+        b.arg(&x).arg(w).arg(&out).arg(&wi).arg(&eps);
+        // SAFETY: rows*width values at x and out (device allocations of n values); width in w.
         unsafe { b.launch(cfg) }.map_err(drv("rms_norm"))?;
+        Ok(())
+    }
+
+    /// `x *= s`.
+    pub fn scale(&self, x: &mut CudaSlice<f32>, s: f32) -> Result<()> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&OPS, "scale_inplace")?;
+        let ni = int(n)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&s).arg(&ni);
+        // SAFETY: n values in x.
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("scale_inplace"))?;
         Ok(())
     }
 

@@ -126,3 +126,9 @@ extern "C" __global__ void argmax(const float* __restrict__ x, int n, int* __res
         if (threadIdx.x == 0) out[blockIdx.x] = bi;
     }
 }
+
+// x *= s over n values.
+extern "C" __global__ void scale_inplace(float* __restrict__ x, float s, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fmul_rn(x[i], s);
+}

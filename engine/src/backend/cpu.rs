@@ -1,0 +1,123 @@
+//! The CPU backend: activations are `Vec<f32>`, ops are `crate::kernels`.
+
+use crate::error::Result;
+use crate::gguf::Gguf;
+use crate::kernels::ops::{self, RopeStyle, RopeTable};
+use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
+use crate::model::batch::{Spans, split};
+use crate::model::Row;
+
+use super::Backend;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+pub struct CpuPass {
+    spans: Spans,
+    tokens: Vec<u32>,
+    ropes: Vec<RopeTable>,
+}
+
+impl Backend for Cpu {
+    type Act = Vec<f32>;
+    type Matrix = Linear;
+    type Vector = Vec<f32>;
+    type Table = Embedding;
+    type Pass = CpuPass;
+
+    fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
+        Linear::load(g, name, in_dim, out_dim)
+    }
+
+    fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
+        g.f32_tensor(name, n)
+    }
+
+    fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        Embedding::load(g, name, vocab, hidden)
+    }
+
+    fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CpuPass> {
+        let spans = Spans::of(rows);
+        let tokens = Spans::stack(rows);
+        let ropes = rope_bases.iter().map(|&b| spans.rope(head_dim, b)).collect();
+        Ok(CpuPass { spans, tokens, ropes })
+    }
+
+    fn embed(&self, p: &CpuPass, table: &Embedding) -> Result<Vec<f32>> {
+        table.lookup(&p.tokens)
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, s: f32) -> Result<()> {
+        ops::scale_inplace(x, s);
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, eps: f32) -> Result<Vec<f32>> {
+        Ok(ops::rms_norm(x, w, eps))
+    }
+
+    fn rms_norm_inplace(&self, x: &mut Vec<f32>, w: &Vec<f32>, eps: f32) -> Result<()> {
+        ops::rms_norm_inplace(x, w, eps);
+        Ok(())
+    }
+
+    fn matmul(&self, w: &Linear, x: &Vec<f32>) -> Result<Vec<f32>> {
+        w.forward(x, x.len() / w.in_dim())
+    }
+
+    fn matmul_many<const N: usize>(&self, w: [&Linear; N], x: &Vec<f32>) -> Result<[Vec<f32>; N]> {
+        forward_many(w, x, x.len() / w[0].in_dim())
+    }
+
+    fn rope(&self, p: &CpuPass, x: &mut Vec<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {
+        p.ropes[table].apply(x, heads, style);
+        Ok(())
+    }
+
+    fn attend(
+        &self,
+        p: &mut CpuPass,
+        rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&Vec<f32>, &Vec<f32>, &Vec<f32>),
+        spec: &AttnSpec,
+    ) -> Result<Vec<f32>> {
+        Ok(p.spans.attend(rows, layer, (q, k, v), spec))
+    }
+
+    fn silu_mul(&self, g: &mut Vec<f32>, u: &Vec<f32>) -> Result<()> {
+        ops::silu_mul(g, u);
+        Ok(())
+    }
+
+    fn gelu_mul(&self, g: &mut Vec<f32>, u: &Vec<f32>) -> Result<()> {
+        ops::gelu_mul(g, u);
+        Ok(())
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
+        ops::add_inplace(x, y);
+        Ok(())
+    }
+
+    fn finish(
+        &self,
+        p: CpuPass,
+        rows: &mut [Row<'_>],
+        x: &Vec<f32>,
+        norm: &Vec<f32>,
+        eps: f32,
+        lm_head: &Linear,
+    ) -> Result<Vec<Vec<f32>>> {
+        p.spans.commit(rows);
+        let hidden = norm.len();
+        let vocab = lm_head.out_dim();
+        let (out, counts) = p.spans.output_rows(rows, x, hidden);
+        if out.is_empty() {
+            return Ok(split(Vec::new(), &counts, vocab));
+        }
+        let h = ops::rms_norm(&out, norm, eps);
+        Ok(split(lm_head.forward(&h, out.len() / hidden)?, &counts, vocab))
+    }
+}

@@ -1,0 +1,224 @@
+//! `Backend` on an NVIDIA GPU: activations are device buffers, weights stay in their
+//! quantized formats (repacked at upload), the KV cache is mirrored on the device
+//! (`kv.rs`), and only the token ids go in and the requested logits come out.
+//!
+//! First version, correctness first: matmuls are the GEMV kernel on up to 8 rows per
+//! launch (prefill repeats it), buffers are allocated per op (stream-ordered), and the
+//! pass synchronizes once, at the end, to copy the new K/V and the logits back.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use half::f16;
+
+use super::device::{Gpu, drv};
+use super::kv::KvPlan;
+use super::ops::{ActFormat, DeviceAct, RopeSpec};
+use super::weights::{DeviceWeights, MatrixBytes};
+use crate::backend::{Backend, DeviceKind};
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::kernels::AttnSpec;
+use crate::kernels::ops::RopeStyle;
+use crate::model::Row;
+use crate::model::batch::{Spans, split};
+
+/// A GPU, shared by every model loaded on it.
+#[derive(Clone)]
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    ordinal: usize,
+}
+
+pub struct CudaPass {
+    spans: Spans,
+    ids: CudaSlice<i32>,
+    head_dim: usize,
+    bases: Vec<f32>,
+    kv: KvPlan,
+}
+
+impl CudaBackend {
+    pub fn open(ordinal: usize) -> Result<Self> {
+        Ok(Self { gpu: Arc::new(Gpu::open(ordinal)?), ordinal })
+    }
+
+    /// GPU 0, or `None` with one log line saying why not.
+    pub fn try_open_default() -> Option<Self> {
+        Gpu::try_open_default().map(|g| Self { gpu: Arc::new(g), ordinal: 0 })
+    }
+
+    pub fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda { ordinal: self.ordinal, name: self.gpu.name(), arch: self.gpu.arch().to_owned() }
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    fn alloc(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.gpu.stream.alloc_zeros(n).map_err(drv("alloc activations"))
+    }
+
+    fn act_format(w: &DeviceWeights) -> Result<ActFormat> {
+        ActFormat::for_weights(w.dtype)
+            .ok_or_else(|| Error::Cuda { op: "matmul", reason: format!("no CUDA kernel for {:?}", w.dtype) })
+    }
+
+    fn upload(&self, g: &Gguf, name: &str, k: usize, n: usize) -> Result<DeviceWeights> {
+        let dims = g.dims(name)?;
+        if dims != [n, k] {
+            return Err(Error::Tensor { name: name.to_owned(), reason: format!("shape {dims:?}, expected [{n}, {k}]") });
+        }
+        let (bytes, dtype) = g.raw(name)?;
+        if ActFormat::for_weights(dtype).is_none() {
+            return Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("{dtype:?} has no CUDA kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K do)"),
+            });
+        }
+        DeviceWeights::upload(&self.gpu, MatrixBytes { name, dtype, bytes, k, n })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Act = CudaSlice<f32>;
+    type Matrix = DeviceWeights;
+    type Vector = CudaSlice<f32>;
+    type Table = DeviceWeights;
+    type Pass = CudaPass;
+
+    fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<DeviceWeights> {
+        self.upload(g, name, in_dim, out_dim)
+    }
+
+    fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<CudaSlice<f32>> {
+        let v = g.f32_tensor(name, n)?;
+        self.gpu.stream.clone_htod(&v).map_err(drv("upload weights"))
+    }
+
+    fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<DeviceWeights> {
+        self.upload(g, name, hidden, vocab)
+    }
+
+    fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CudaPass> {
+        let spans = Spans::of(rows);
+        let tokens: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
+        let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
+        let kv = self.gpu.plan_kv(&mut caches)?;
+        let ids = self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?;
+        Ok(CudaPass { spans, ids, head_dim, bases: rope_bases.to_vec(), kv })
+    }
+
+    fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {
+        let mut out = self.alloc(p.kv.total * table.k)?;
+        self.gpu.embed(table, &p.ids, &mut out)?;
+        Ok(out)
+    }
+
+    fn scale(&self, x: &mut CudaSlice<f32>, s: f32) -> Result<()> {
+        self.gpu.scale(x, s)
+    }
+
+    fn rms_norm(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32) -> Result<CudaSlice<f32>> {
+        let mut out = self.alloc(x.len())?;
+        self.gpu.rms_norm(x, w, &mut out, eps)?;
+        Ok(out)
+    }
+
+    fn rms_norm_inplace(&self, x: &mut CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32) -> Result<()> {
+        self.gpu.rms_norm_inplace(x, w, eps)
+    }
+
+    fn matmul(&self, w: &DeviceWeights, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>> {
+        let [y] = self.matmul_many([w], x)?;
+        Ok(y)
+    }
+
+    fn matmul_many<const N: usize>(&self, w: [&DeviceWeights; N], x: &CudaSlice<f32>) -> Result<[CudaSlice<f32>; N]> {
+        let k = w[0].k;
+        let m = x.len() / k;
+        let mut acts: Vec<DeviceAct> = Vec::new();
+        let mut out = Vec::with_capacity(N);
+        for wi in w {
+            let format = Self::act_format(wi)?;
+            if !acts.iter().any(|a| a.format == format) {
+                let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
+                self.gpu.quantize(x, &mut a)?;
+                acts.push(a);
+            }
+            let act = acts.iter().find(|a| a.format == format).unwrap_or_else(|| unreachable!("pushed above"));
+            let mut y = self.alloc(m * wi.n)?;
+            self.gpu.gemv(wi, act, &mut y)?;
+            out.push(y);
+        }
+        Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
+    }
+
+    fn rope(&self, p: &CudaPass, x: &mut CudaSlice<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {
+        let spec = RopeSpec { heads, head_dim: p.head_dim, base: p.bases[table], style };
+        self.gpu.rope(x, &p.kv.tok_pos, spec)
+    }
+
+    fn attend(
+        &self,
+        p: &mut CudaPass,
+        _rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        spec: &AttnSpec,
+    ) -> Result<CudaSlice<f32>> {
+        self.gpu.kv_store(&mut p.kv, layer, k, v)?;
+        self.gpu.attention(&p.kv, layer, q, spec)
+    }
+
+    fn silu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
+        self.gpu.silu_mul(g, u)
+    }
+
+    fn gelu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
+        self.gpu.gelu_mul(g, u)
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
+        self.gpu.add(x, y)
+    }
+
+    fn finish(
+        &self,
+        p: CudaPass,
+        rows: &mut [Row<'_>],
+        x: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        lm_head: &DeviceWeights,
+    ) -> Result<Vec<Vec<f32>>> {
+        let (hidden, vocab) = (norm.len(), lm_head.n);
+        let (picked, counts) = p.spans.logit_rows(rows);
+        let logits = if picked.is_empty() {
+            Vec::new()
+        } else {
+            let h = self.gpu.gather_rows(x, &picked, hidden)?;
+            let h = self.rms_norm(&h, norm, eps)?;
+            let y = self.matmul(lm_head, &h)?;
+            self.gpu.stream.clone_dtoh(&y).map_err(drv("download logits"))?
+        };
+        let stage: Vec<f16> = self.gpu.stream.clone_dtoh(&p.kv.stage).map_err(drv("download KV"))?;
+        self.gpu.synchronize()?;
+        let (total, d) = (p.kv.total, p.kv.kv_dim);
+        for (r, &(at, n, pos0)) in rows.iter_mut().zip(p.spans.each()) {
+            for layer in 0..r.cache.shape().n_layers {
+                let plane = |which: usize| &stage[((layer * 2 + which) * total + at) * d..][..n * d];
+                r.cache.write_f16(layer, pos0, plane(0), plane(1));
+            }
+        }
+        p.spans.commit(rows);
+        for r in rows.iter_mut() {
+            let len = r.cache.len();
+            if let Some(m) = r.cache.mirror_mut() {
+                m.len = len;
+            }
+        }
+        Ok(split(logits, &counts, vocab))
+    }
+}

@@ -1,0 +1,180 @@
+//! The KV cache on the device: each sequence's `Mirror` (see `crate::kv`) is one f16
+//! buffer `[layer][k|v][cap][kv_dim]`, grown by reallocation (then refilled from the
+//! host blocks, which stay the truth). A pass's `KvPlan` tells the kernels where every
+//! stacked token's row keeps its K/V; `kv_store` writes new K/V there and into a staging
+//! buffer that `finish` copies back to the host cache, and `attention` reads it.
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use half::f16;
+
+use super::device::{Gpu, drv};
+use super::programs::ATTENTION;
+use crate::error::{Error, Result};
+use crate::kernels::AttnSpec;
+use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
+
+/// Positions a mirror grows by at least.
+const GROW: usize = 256;
+/// Largest head dimension the attention kernel takes (`ATT_MAX_DIM`).
+const MAX_HEAD_DIM: usize = 256;
+
+pub(crate) struct DeviceKv {
+    buf: CudaSlice<f16>,
+    cap: usize,
+}
+
+/// Where each stacked token's K/V goes and is read from, for one pass.
+pub(crate) struct KvPlan {
+    bases: CudaSlice<u64>,
+    caps: CudaSlice<i32>,
+    pub(crate) tok_row: CudaSlice<i32>,
+    pub(crate) tok_pos: CudaSlice<i32>,
+    /// New K/V of every layer, `[layer][k|v][T][kv_dim]`, for the host cache.
+    pub(crate) stage: CudaSlice<f16>,
+    pub(crate) total: usize,
+    pub(crate) kv_dim: usize,
+}
+
+fn cuda(op: &'static str, reason: String) -> Error {
+    Error::Cuda { op, reason }
+}
+
+impl Gpu {
+    /// Make `cache`'s mirror hold its `len` positions with room for `new` more; returns
+    /// the buffer's device address and capacity.
+    fn sync_mirror(&self, cache: &mut SeqCache, new: usize) -> Result<(u64, usize)> {
+        let shape = cache.shape();
+        let (len, d) = (cache.len(), shape.kv_dim);
+        let need = len + new;
+        let mut mirror = cache.mirror_mut().take().filter(|m| m.data.downcast_ref::<DeviceKv>().is_some());
+        let cap = mirror.as_ref().and_then(|m| m.data.downcast_ref::<DeviceKv>()).map_or(0, |k| k.cap);
+        if cap < need {
+            let cap = need.max(2 * cap).next_multiple_of(GROW);
+            let buf = self.stream.alloc_zeros::<f16>(shape.n_layers * 2 * cap * d).map_err(drv("alloc KV"))?;
+            mirror = Some(Mirror { len: 0, data: Box::new(DeviceKv { buf, cap }) });
+        }
+        let mut m = mirror.unwrap_or_else(|| unreachable!("made above"));
+        let from = m.len.min(len);
+        let kv = m.data.downcast_mut::<DeviceKv>().unwrap_or_else(|| unreachable!("checked above"));
+        if from < len {
+            let mut host = vec![f16::ZERO; (len - from) * d];
+            for layer in 0..shape.n_layers {
+                for which in 0..2 {
+                    for pos in (from..len).step_by(BLOCK_TOKENS) {
+                        let b = pos / BLOCK_TOKENS;
+                        let end = ((b + 1) * BLOCK_TOKENS).min(len);
+                        let plane = if which == 0 { cache.block_kv(layer, b).0 } else { cache.block_kv(layer, b).1 };
+                        let (s, e) = ((pos % BLOCK_TOKENS) * d, (end - b * BLOCK_TOKENS) * d);
+                        host[(pos - from) * d..(end - from) * d].copy_from_slice(&plane[s..e]);
+                    }
+                    let off = ((layer * 2 + which) * kv.cap + from) * d;
+                    let mut dst = kv.buf.slice_mut(off..off + host.len());
+                    self.stream.memcpy_htod(&host, &mut dst).map_err(drv("upload KV"))?;
+                }
+            }
+            tracing::debug!(positions = len - from, "KV uploaded to the device");
+        }
+        m.len = len;
+        let (ptr, _) = kv.buf.device_ptr(&self.stream);
+        let out = (ptr, kv.cap);
+        *cache.mirror_mut() = Some(m);
+        Ok(out)
+    }
+
+    /// Sync every row's mirror and lay out the pass: `rows` are `(cache, new tokens)`.
+    pub(crate) fn plan_kv(&self, rows: &mut [(&mut SeqCache, usize)]) -> Result<KvPlan> {
+        let (mut bases, mut caps, mut tok_row, mut tok_pos) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let shape = rows.first().map(|r| r.0.shape()).ok_or_else(|| cuda("plan KV", "no rows".into()))?;
+        for (i, (cache, n)) in rows.iter_mut().enumerate() {
+            let pos0 = cache.len();
+            let (ptr, cap) = self.sync_mirror(cache, *n)?;
+            bases.push(ptr);
+            caps.push(i32::try_from(cap).map_err(|e| cuda("plan KV", e.to_string()))?);
+            for p in pos0..pos0 + *n {
+                tok_row.push(i as i32);
+                tok_pos.push(p as i32);
+            }
+        }
+        let total = tok_row.len();
+        let s = &self.stream;
+        let up = || drv("upload KV plan");
+        Ok(KvPlan {
+            bases: s.clone_htod(&bases).map_err(up())?,
+            caps: s.clone_htod(&caps).map_err(up())?,
+            tok_row: s.clone_htod(&tok_row).map_err(up())?,
+            tok_pos: s.clone_htod(&tok_pos).map_err(up())?,
+            stage: s.alloc_zeros(shape.n_layers * 2 * total * shape.kv_dim).map_err(up())?,
+            total,
+            kv_dim: shape.kv_dim,
+        })
+    }
+
+    /// Write the pass's new K and V (`[T][kv_dim]` f32) for `layer`.
+    pub(crate) fn kv_store(
+        &self,
+        plan: &mut KvPlan,
+        layer: usize,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let (total, d) = (plan.total, plan.kv_dim);
+        if k.len() != total * d || v.len() != total * d {
+            return Err(cuda("kv_store", format!("K/V have {} / {} values, need {total} x {d}", k.len(), v.len())));
+        }
+        let f = self.function(&ATTENTION, "kv_store")?;
+        let cfg = LaunchConfig { grid_dim: (total as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (li, di, ti) = (layer as i32, d as i32, total as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(k).arg(v).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
+        b.arg(&li).arg(&di).arg(&ti).arg(&mut plan.stage);
+        // SAFETY: every token's row has a mirror of capacity > its position (plan_kv);
+        // stage holds n_layers * 2 * total * d values.
+        unsafe { b.launch(cfg) }.map_err(drv("kv_store"))?;
+        Ok(())
+    }
+
+    /// Attention of the pass's queries (`[T][n_heads][head_dim]`) over their rows'
+    /// mirrors for `layer` (after `kv_store`). Returns `[T][n_heads][head_dim]`.
+    pub(crate) fn attention(&self, plan: &KvPlan, layer: usize, q: &CudaSlice<f32>, spec: &AttnSpec) -> Result<CudaSlice<f32>> {
+        let (hd, nh, nkv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
+        if hd > MAX_HEAD_DIM || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
+            return Err(cuda("attention", format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
+        }
+        let mut out = self.stream.alloc_zeros::<f32>(q.len()).map_err(drv("alloc attention"))?;
+        if plan.total == 0 {
+            return Ok(out);
+        }
+        let f = self.function(&ATTENTION, "attention")?;
+        let cfg = LaunchConfig { grid_dim: (plan.total as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let window = spec.window.map_or(0, |w| w as i32);
+        let (li, hi, ki, di) = (layer as i32, nh as i32, nkv as i32, hd as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
+        b.arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
+        // SAFETY: q and out hold total*nh*hd; every token's row mirror holds positions
+        // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store).
+        unsafe { b.launch(cfg) }.map_err(drv("attention"))?;
+        Ok(out)
+    }
+
+    /// Rows `src` of `x` (`[*][width]`), gathered into `[src.len()][width]`.
+    pub(crate) fn gather_rows(&self, x: &CudaSlice<f32>, src: &[usize], width: usize) -> Result<CudaSlice<f32>> {
+        let mut out = self.stream.alloc_zeros::<f32>(src.len() * width).map_err(drv("alloc gather"))?;
+        if src.is_empty() {
+            return Ok(out);
+        }
+        if src.iter().any(|&r| (r + 1) * width > x.len()) {
+            return Err(cuda("gather_rows", "row out of range".into()));
+        }
+        let idx: Vec<i32> = src.iter().map(|&r| r as i32).collect();
+        let idx = self.stream.clone_htod(&idx).map_err(drv("upload gather"))?;
+        let f = self.function(&ATTENTION, "gather_rows")?;
+        let cfg = LaunchConfig { grid_dim: (src.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let wi = width as i32;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&idx).arg(&mut out).arg(&wi);
+        // SAFETY: every index is a row of x (checked); out holds src.len() rows.
+        unsafe { b.launch(cfg) }.map_err(drv("gather_rows"))?;
+        Ok(out)
+    }
+}

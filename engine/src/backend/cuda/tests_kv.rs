@@ -1,0 +1,118 @@
+//! The device KV mirror and attention against the CPU: sequences with committed
+//! positions (uploaded from the host blocks) plus new tokens (stored on the device),
+//! GQA, a sliding window, and the staging copy that goes back to the host cache.
+
+use half::f16;
+
+use super::tests::{down, gpu, randn, rel_err, rng, up};
+use crate::kernels::{AttnSpec, attention};
+use crate::kv::{KvShape, SeqCache};
+
+fn filled(rng: &mut rand::rngs::StdRng, shape: KvShape, n: usize) -> SeqCache {
+    let mut c = SeqCache::new(shape);
+    c.reserve(n);
+    for layer in 0..shape.n_layers {
+        let (k, v) = (randn(rng, n * shape.kv_dim, 1.0), randn(rng, n * shape.kv_dim, 1.0));
+        c.write(layer, 0, &k, &v);
+    }
+    c.commit(n);
+    c
+}
+
+#[test]
+fn cuda_attention_over_the_device_kv() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_attention_over_the_device_kv");
+    for (heads, kv_heads, hd, window) in [(9, 3, 64, None), (4, 1, 256, Some(40)), (8, 8, 128, None)] {
+        let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
+        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window };
+        // (committed positions, new tokens) per sequence: decode rows and a prefill row.
+        let plan = [(0, 5), (70, 1), (33, 40), (100, 1)];
+        let mut caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
+        let mut cpu_caches = caches.clone();
+        let total: usize = plan.iter().map(|p| p.1).sum();
+        let layer = 1;
+        let q = randn(&mut rng, total * heads * hd, 1.0);
+        let (k, v) = (randn(&mut rng, total * shape.kv_dim, 1.0), randn(&mut rng, total * shape.kv_dim, 1.0));
+
+        let mut rows: Vec<(&mut SeqCache, usize)> = caches.iter_mut().zip(&plan).map(|(c, p)| (c, p.1)).collect();
+        let mut kv = g.plan_kv(&mut rows).expect("plan");
+        g.kv_store(&mut kv, layer, &up(g, &k), &up(g, &v)).expect("kv_store");
+        let got = down(g, &g.attention(&kv, layer, &up(g, &q), &spec).expect("attention"));
+        let stage: Vec<f16> = down(g, &kv.stage);
+
+        let (mut want, mut at) = (Vec::new(), 0);
+        for (c, &(n0, n)) in cpu_caches.iter_mut().zip(&plan) {
+            let d = shape.kv_dim;
+            c.reserve(n);
+            c.write(layer, n0, &k[at * d..(at + n) * d], &v[at * d..(at + n) * d]);
+            want.extend(attention(c, layer, n0, &q[at * heads * hd..(at + n) * heads * hd], &spec));
+            // What goes back to the host is K and V rounded to f16, at the pass's rows.
+            let staged = |which: usize| &stage[((layer * 2 + which) * total + at) * d..][..n * d];
+            let rounded = |x: &[f32]| x.iter().map(|&f| f16::from_f32(f)).collect::<Vec<_>>();
+            assert_eq!(staged(0), rounded(&k[at * d..(at + n) * d]).as_slice(), "staged K");
+            assert_eq!(staged(1), rounded(&v[at * d..(at + n) * d]).as_slice(), "staged V");
+            at += n;
+        }
+        rel_err(&format!("attention {heads}/{kv_heads}x{hd} window {window:?}"), &got, &want, 2e-3);
+    }
+}
+
+/// A mirror follows its host cache: truncated, grown past its capacity, or missing (a
+/// clone, as the prompt cache hands out), the next pass sees exactly the host's K/V.
+#[test]
+fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_kv_mirror_follows_truncate_growth_and_clones");
+    let (heads, hd) = (2, 64);
+    let shape = KvShape { n_layers: 1, kv_dim: hd };
+    let spec = AttnSpec { n_heads: heads, n_kv_heads: 1, head_dim: hd, scale: 0.125, window: None };
+    let q = randn(&mut rng, heads * hd, 1.0);
+    let attend_last = |c: &mut SeqCache| {
+        // Re-attend the last committed position as a new token with its own K/V.
+        let n = c.len() - 1;
+        let mut host = c.clone();
+        host.truncate(n);
+        let (k, v) = {
+            let (kb, vb) = c.block_kv(0, n / crate::kv::BLOCK_TOKENS);
+            let s = (n % crate::kv::BLOCK_TOKENS) * hd;
+            (
+                kb[s..s + hd].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+                vb[s..s + hd].iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            )
+        };
+        c.truncate(n);
+        let mut rows = [(&mut *c, 1)];
+        let mut kv = g.plan_kv(&mut rows).expect("plan");
+        g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
+        let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec).expect("attention"));
+        host.reserve(1);
+        host.write(0, n, &k, &v);
+        c.reserve(1);
+        c.write(0, n, &k, &v);
+        c.commit(1);
+        (got, attention(&host, 0, n, &q, &spec))
+    };
+    let mut c = filled(&mut rng, shape, 300);
+    let (got, want) = attend_last(&mut c);
+    rel_err("fresh mirror", &got, &want, 2e-3);
+    let mut extend = |c: &mut SeqCache, n: usize| {
+        let (k, v) = (randn(&mut rng, n * hd, 1.0), randn(&mut rng, n * hd, 1.0));
+        let at = c.len();
+        c.reserve(n);
+        c.write(0, at, &k, &v);
+        c.commit(n);
+    };
+    // Truncated to 120 and refilled: positions 120.. must come from the host again.
+    c.truncate(120);
+    extend(&mut c, 100);
+    let (got, want) = attend_last(&mut c);
+    rel_err("truncated and refilled", &got, &want, 2e-3);
+    // Past the mirror's first capacity (512): reallocated and refilled from the host.
+    extend(&mut c, 400);
+    let (got, want) = attend_last(&mut c);
+    rel_err("grown", &got, &want, 2e-3);
+    let mut clone = c.clone();
+    let (got, want) = attend_last(&mut clone);
+    rel_err("clone without mirror", &got, &want, 2e-3);
+}
