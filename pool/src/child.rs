@@ -34,8 +34,8 @@ pub struct Watched {
     pub pid: u32,
     /// Held open for the engine's lifetime: EOF on it means "your parent is gone".
     pub stdin: Option<ChildStdin>,
-    /// Fires on the ready line.
-    pub ready: oneshot::Receiver<()>,
+    /// Fires on the ready line, with the device the engine computes on.
+    pub ready: oneshot::Receiver<String>,
     /// `Some` once the process has exited and been reaped.
     pub exited: watch::Receiver<Option<ExitInfo>>,
     pub tail: Tail,
@@ -61,7 +61,7 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
                     && let Some(tx) = ready_tx.take()
                 {
                     tracing::debug!(pid = ev.pid, load_ms = ev.load_ms, "engine ready line");
-                    let _ = tx.send(());
+                    let _ = tx.send(ev.device);
                 }
             }
         });

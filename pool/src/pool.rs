@@ -85,6 +85,8 @@ pub(crate) struct Model {
     pub(crate) last_exit: Option<ExitInfo>,
     pub(crate) started_at: Option<u64>,
     pub(crate) last_used_at: Option<u64>,
+    /// What the live (or last) engine computes on, from its ready line.
+    pub(crate) device: Option<String>,
 }
 
 impl Model {
@@ -157,6 +159,7 @@ impl Pool {
                     last_exit: None,
                     started_at: None,
                     last_used_at: None,
+                    device: None,
                 };
                 (e.id.clone(), m)
             })

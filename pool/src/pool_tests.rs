@@ -99,7 +99,7 @@ impl Procs for Fake {
                     let _ = early.send(Some(ExitInfo { code: Some(c), signal: None, at: 0, stderr_tail: vec![] }));
                 }
                 None => {
-                    let _ = ready_tx.send(());
+                    let _ = ready_tx.send("cpu".into());
                 }
             }
         });

@@ -29,7 +29,7 @@ pub type ExitWatch = watch::Receiver<Option<ExitInfo>>;
 pub struct Started {
     pub pid: u32,
     /// Fires when the engine prints its ready line.
-    pub ready: oneshot::Receiver<()>,
+    pub ready: oneshot::Receiver<String>,
     pub exited: ExitWatch,
     /// The last stderr lines (for crash reports).
     pub tail: Tail,

@@ -39,8 +39,9 @@ pub(crate) async fn run_engine(shared: Arc<Shared>, id: ModelId, generation: u64
     shared.step(&id, Event::Spawned { generation, proc: Proc { pid, socket: socket.clone() } });
     let up = async {
         // A closed ready channel means the process ended: let the exit branch win.
-        if ready.await.is_err() {
-            std::future::pending::<()>().await;
+        let Ok(device) = ready.await else { return std::future::pending().await };
+        if let Some(m) = shared.lock().models.get_mut(&id) {
+            m.device = Some(device);
         }
         shared.procs.probe(socket.clone(), PROBE_TIMEOUT).await
     };

@@ -30,6 +30,8 @@ pub struct EngineView {
     pub last_used_at: Option<u64>,
     pub in_flight: usize,
     pub model_bytes: u64,
+    /// `cpu` or `cuda:N` once an engine has started.
+    pub device: Option<String>,
     pub last_exit: Option<ExitInfo>,
 }
 
@@ -57,6 +59,7 @@ impl Pool {
                 last_used_at: m.last_used_at,
                 in_flight: m.slot.in_flight,
                 model_bytes: m.entry.bytes,
+                device: m.device.clone(),
                 last_exit: m.last_exit.clone(),
             })
             .collect();

@@ -17,6 +17,9 @@ pub struct Ready {
     pub socket: String,
     pub model: String,
     pub load_ms: u64,
+    /// What the engine computes on: `cpu` or `cuda:N` (empty from an older engine).
+    #[serde(default)]
+    pub device: String,
 }
 
 impl EngineEvent {
@@ -179,9 +182,12 @@ mod tests {
 
     #[test]
     fn ready_line_keeps_its_wire_shape() {
-        let ev = EngineEvent::Ready(Ready { pid: 7, socket: "/s".into(), model: "m".into(), load_ms: 3 });
+        let ev =
+            EngineEvent::Ready(Ready { pid: 7, socket: "/s".into(), model: "m".into(), load_ms: 3, device: "cpu".into() });
         let line = ev.to_line();
-        assert_eq!(line, r#"{"event":"ready","pid":7,"socket":"/s","model":"m","load_ms":3}"#);
+        assert_eq!(line, r#"{"event":"ready","pid":7,"socket":"/s","model":"m","load_ms":3,"device":"cpu"}"#);
+        let old = EngineEvent::parse(r#"{"event":"ready","pid":7,"socket":"/s","model":"m","load_ms":3}"#);
+        assert!(matches!(old, Some(EngineEvent::Ready(r)) if r.device.is_empty()));
         assert_eq!(EngineEvent::parse(&line), Some(ev));
         assert_eq!(EngineEvent::parse(r#"{"event":"other"}"#), None);
         assert_eq!(EngineEvent::parse("not json"), None);

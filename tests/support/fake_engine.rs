@@ -67,7 +67,8 @@ fn main() {
     });
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).expect("bind");
-    let ready = Ready { pid: std::process::id(), socket: socket.clone(), model: id.clone(), load_ms: 1 };
+    let ready =
+        Ready { pid: std::process::id(), socket: socket.clone(), model: id.clone(), load_ms: 1, device: "cpu".into() };
     println!("{}", EngineEvent::Ready(ready).to_line());
     std::io::stdout().flush().unwrap();
     if let Some(ms) = cfg["exit_after_ready_ms"].as_u64() {

@@ -62,11 +62,11 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn matmul(&self, w: &Linear, x: &Vec<f32>) -> Result<Vec<f32>> {
+    fn matmul(&self, _: &CpuPass, w: &Linear, x: &Vec<f32>) -> Result<Vec<f32>> {
         w.forward(x, x.len() / w.in_dim())
     }
 
-    fn matmul_many<const N: usize>(&self, w: [&Linear; N], x: &Vec<f32>) -> Result<[Vec<f32>; N]> {
+    fn matmul_many<const N: usize>(&self, _: &CpuPass, w: [&Linear; N], x: &Vec<f32>) -> Result<[Vec<f32>; N]> {
         forward_many(w, x, x.len() / w[0].in_dim())
     }
 

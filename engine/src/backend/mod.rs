@@ -45,10 +45,16 @@ pub trait Backend: Send + Sync + 'static {
     /// RMSNorm of each run of `w`'s length (rows, or heads within rows).
     fn rms_norm(&self, x: &Self::Act, w: &Self::Vector, eps: f32) -> Result<Self::Act>;
     fn rms_norm_inplace(&self, x: &mut Self::Act, w: &Self::Vector, eps: f32) -> Result<()>;
-    /// `x W^T`.
-    fn matmul(&self, w: &Self::Matrix, x: &Self::Act) -> Result<Self::Act>;
+    /// `x W^T` for the pass's stacked rows (a backend may pick its arithmetic per row's
+    /// sequence chunk, never by the rows it is batched with).
+    fn matmul(&self, p: &Self::Pass, w: &Self::Matrix, x: &Self::Act) -> Result<Self::Act>;
     /// Several matrices of the same input width against one `x`.
-    fn matmul_many<const N: usize>(&self, w: [&Self::Matrix; N], x: &Self::Act) -> Result<[Self::Act; N]>;
+    fn matmul_many<const N: usize>(
+        &self,
+        p: &Self::Pass,
+        w: [&Self::Matrix; N],
+        x: &Self::Act,
+    ) -> Result<[Self::Act; N]>;
     /// Rotate `x` (`[T][heads][head_dim]`) by rotary table `table` of the pass.
     fn rope(&self, p: &Self::Pass, x: &mut Self::Act, heads: usize, table: usize, style: RopeStyle) -> Result<()>;
     /// Write each row's new K/V for `layer`, then attend each row's queries over its own

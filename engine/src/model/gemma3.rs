@@ -95,21 +95,21 @@ impl<B: Backend> Architecture for Gemma3<B> {
             let swa = c.is_swa[il];
             let rope = if swa { LOCAL } else { GLOBAL };
             let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
-            let [mut q, mut k, v] = b.matmul_many([&l.wq, &l.wk, &l.wv], &h)?;
+            let [mut q, mut k, v] = b.matmul_many(&p, [&l.wq, &l.wk, &l.wv], &h)?;
             b.rms_norm_inplace(&mut q, &l.q_norm, c.rms_eps)?;
             b.rms_norm_inplace(&mut k, &l.k_norm, c.rms_eps)?;
             b.rope(&p, &mut q, c.n_heads, rope, RopeStyle::Neox)?;
             b.rope(&p, &mut k, c.n_kv_heads, rope, RopeStyle::Neox)?;
             b.scale(&mut q, q_scale)?;
             let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec(swa))?;
-            let mut o = b.matmul(&l.wo, &a)?;
+            let mut o = b.matmul(&p, &l.wo, &a)?;
             b.rms_norm_inplace(&mut o, &l.post_attn_norm, c.rms_eps)?;
             b.add(&mut x, &o)?;
 
             let h = b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
-            let [mut gate, up] = b.matmul_many([&l.w_gate, &l.w_up], &h)?;
+            let [mut gate, up] = b.matmul_many(&p, [&l.w_gate, &l.w_up], &h)?;
             b.gelu_mul(&mut gate, &up)?;
-            let mut d = b.matmul(&l.w_down, &gate)?;
+            let mut d = b.matmul(&p, &l.w_down, &gate)?;
             b.rms_norm_inplace(&mut d, &l.post_ffn_norm, c.rms_eps)?;
             b.add(&mut x, &d)?;
         }

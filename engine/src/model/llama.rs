@@ -76,16 +76,16 @@ impl<B: Backend> Architecture for Llama<B> {
         let mut x = b.embed(&p, &self.embed)?;
         for (il, l) in self.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
-            let [mut q, mut k, v] = b.matmul_many([&l.wq, &l.wk, &l.wv], &h)?;
+            let [mut q, mut k, v] = b.matmul_many(&p, [&l.wq, &l.wk, &l.wv], &h)?;
             b.rope(&p, &mut q, c.n_heads, 0, RopeStyle::Interleaved)?;
             b.rope(&p, &mut k, c.n_kv_heads, 0, RopeStyle::Interleaved)?;
             let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec)?;
-            b.add(&mut x, &b.matmul(&l.wo, &a)?)?;
+            b.add(&mut x, &b.matmul(&p, &l.wo, &a)?)?;
 
             let h = b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
-            let [mut gate, up] = b.matmul_many([&l.w_gate, &l.w_up], &h)?;
+            let [mut gate, up] = b.matmul_many(&p, [&l.w_gate, &l.w_up], &h)?;
             b.silu_mul(&mut gate, &up)?;
-            b.add(&mut x, &b.matmul(&l.w_down, &gate)?)?;
+            b.add(&mut x, &b.matmul(&p, &l.w_down, &gate)?)?;
         }
         b.finish(p, rows, &x, &self.norm, c.rms_eps, &self.lm_head)
     }

@@ -93,6 +93,7 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
         per_token: engine.model.kv_shape().bytes_per_token() as u64,
     };
     tracing::info!(
+        device = %engine.model.device().label(),
         weight_bytes = engine.file_bytes,
         kv_bytes_per_token = kv_budget.per_token,
         kv_budget_bytes = kv_budget.bytes,
@@ -146,6 +147,7 @@ async fn serve(
         socket: cfg.socket.display().to_string(),
         model: cfg.model_id.clone(),
         load_ms,
+        device: app.engine.model.device().label(),
     });
     {
         let mut out = std::io::stdout().lock();

@@ -70,6 +70,8 @@ pub struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     arch: String,
     name: String,
+    /// cuBLAS for prefill GEMMs, when the library is present.
+    pub(crate) blas: Option<cudarc::cublas::CudaBlas>,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
@@ -98,8 +100,14 @@ impl Gpu {
             modules.insert(p.name, module);
         }
         let name = ctx.name().unwrap_or_default();
+        let blas = if Presence::probe().cublas {
+            Some(cudarc::cublas::CudaBlas::new(stream.clone()).map_err(|e| Error::Cuda { op: "cuBLAS", reason: e.to_string() })?)
+        } else {
+            tracing::info!("libcublas.so.13 not found: prefill runs on the GEMV kernel");
+            None
+        };
         tracing::info!(ordinal, device = %name, %arch, ms = t.elapsed().as_millis() as u64, "CUDA device ready");
-        Ok(Self { ctx, stream, arch, name, modules, functions: Mutex::new(HashMap::new()) })
+        Ok(Self { ctx, stream, arch, name, blas, modules, functions: Mutex::new(HashMap::new()) })
     }
 
     /// Open device 0, or say why not in one log line (the caller stays on the CPU).

@@ -6,12 +6,14 @@
 //! launch (prefill repeats it), buffers are allocated per op (stream-ordered), and the
 //! pass synchronizes once, at the end, to copy the new K/V and the logits back.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use half::f16;
 
 use super::device::{Gpu, drv};
+use super::gemm::GEMM_MIN_ROWS;
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::weights::{DeviceWeights, MatrixBytes};
@@ -32,6 +34,9 @@ pub struct CudaBackend {
 
 pub struct CudaPass {
     spans: Spans,
+    /// Runs of stacked rows and whether they take the GEMM (a long sequence chunk) or
+    /// the GEMV (decode rows, short chunks).
+    runs: Vec<(Range<usize>, bool)>,
     ids: CudaSlice<i32>,
     head_dim: usize,
     bases: Vec<f32>,
@@ -56,13 +61,54 @@ impl CudaBackend {
         &self.gpu
     }
 
+    /// An activation buffer for an op that writes every value (no memset queued).
     fn alloc(&self, n: usize) -> Result<CudaSlice<f32>> {
-        self.gpu.stream.alloc_zeros(n).map_err(drv("alloc activations"))
+        // SAFETY: f32 has no invalid bit patterns, and every caller passes the buffer
+        // as the output of one op that writes all `n` values before anything reads it.
+        unsafe { self.gpu.stream.alloc(n) }.map_err(drv("alloc activations"))
     }
 
     fn act_format(w: &DeviceWeights) -> Result<ActFormat> {
         ActFormat::for_weights(w.dtype)
             .ok_or_else(|| Error::Cuda { op: "matmul", reason: format!("no CUDA kernel for {:?}", w.dtype) })
+    }
+
+    /// `x W^T` for each matrix, run by run of rows: GEMV runs on int8 activations
+    /// (quantized once per format), GEMM runs on f16 (converted once).
+    fn matmul_runs<const N: usize>(
+        &self,
+        runs: &[(Range<usize>, bool)],
+        w: [&DeviceWeights; N],
+        x: &CudaSlice<f32>,
+    ) -> Result<[CudaSlice<f32>; N]> {
+        let k = w[0].k;
+        let m = x.len() / k;
+        let xh = if runs.iter().any(|r| r.1) { Some(self.gpu.to_f16(x)?) } else { None };
+        let mut acts: Vec<DeviceAct> = Vec::new();
+        let mut out = Vec::with_capacity(N);
+        for wi in w {
+            let mut y = self.alloc(m * wi.n)?;
+            if runs.iter().any(|r| !r.1) {
+                let format = Self::act_format(wi)?;
+                if !acts.iter().any(|a| a.format == format) {
+                    let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
+                    self.gpu.quantize(x, &mut a)?;
+                    acts.push(a);
+                }
+                let act = acts.iter().find(|a| a.format == format).unwrap_or_else(|| unreachable!("pushed above"));
+                for (rows, _) in runs.iter().filter(|r| !r.1) {
+                    self.gpu.gemv_rows(wi, act, &mut y, rows.clone())?;
+                }
+            }
+            if let Some(xh) = &xh {
+                let wh = self.gpu.dequant_f16(wi)?;
+                for (rows, _) in runs.iter().filter(|r| r.1) {
+                    self.gpu.gemm_rows(&wh, (wi.n, k), xh, rows.clone(), &mut y)?;
+                }
+            }
+            out.push(y);
+        }
+        Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
     }
 
     fn upload(&self, g: &Gguf, name: &str, k: usize, n: usize) -> Result<DeviceWeights> {
@@ -107,7 +153,15 @@ impl Backend for CudaBackend {
         let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
         let kv = self.gpu.plan_kv(&mut caches)?;
         let ids = self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?;
-        Ok(CudaPass { spans, ids, head_dim, bases: rope_bases.to_vec(), kv })
+        let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
+        for &(at, n, _) in spans.each() {
+            let gemm = n >= GEMM_MIN_ROWS && self.gpu.has_gemm();
+            match runs.last_mut() {
+                Some((r, g)) if *g == gemm && r.end == at => r.end = at + n,
+                _ => runs.push((at..at + n, gemm)),
+            }
+        }
+        Ok(CudaPass { spans, runs, ids, head_dim, bases: rope_bases.to_vec(), kv })
     }
 
     fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {
@@ -130,29 +184,18 @@ impl Backend for CudaBackend {
         self.gpu.rms_norm_inplace(x, w, eps)
     }
 
-    fn matmul(&self, w: &DeviceWeights, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>> {
-        let [y] = self.matmul_many([w], x)?;
+    fn matmul(&self, p: &CudaPass, w: &DeviceWeights, x: &CudaSlice<f32>) -> Result<CudaSlice<f32>> {
+        let [y] = self.matmul_many(p, [w], x)?;
         Ok(y)
     }
 
-    fn matmul_many<const N: usize>(&self, w: [&DeviceWeights; N], x: &CudaSlice<f32>) -> Result<[CudaSlice<f32>; N]> {
-        let k = w[0].k;
-        let m = x.len() / k;
-        let mut acts: Vec<DeviceAct> = Vec::new();
-        let mut out = Vec::with_capacity(N);
-        for wi in w {
-            let format = Self::act_format(wi)?;
-            if !acts.iter().any(|a| a.format == format) {
-                let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
-                self.gpu.quantize(x, &mut a)?;
-                acts.push(a);
-            }
-            let act = acts.iter().find(|a| a.format == format).unwrap_or_else(|| unreachable!("pushed above"));
-            let mut y = self.alloc(m * wi.n)?;
-            self.gpu.gemv(wi, act, &mut y)?;
-            out.push(y);
-        }
-        Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
+    fn matmul_many<const N: usize>(
+        &self,
+        p: &CudaPass,
+        w: [&DeviceWeights; N],
+        x: &CudaSlice<f32>,
+    ) -> Result<[CudaSlice<f32>; N]> {
+        self.matmul_runs(&p.runs, w, x)
     }
 
     fn rope(&self, p: &CudaPass, x: &mut CudaSlice<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {
@@ -200,7 +243,7 @@ impl Backend for CudaBackend {
         } else {
             let h = self.gpu.gather_rows(x, &picked, hidden)?;
             let h = self.rms_norm(&h, norm, eps)?;
-            let y = self.matmul(lm_head, &h)?;
+            let [y] = self.matmul_runs(&[(0..picked.len(), false)], [lm_head], &h)?;
             self.gpu.stream.clone_dtoh(&y).map_err(drv("download logits"))?
         };
         let stage: Vec<f16> = self.gpu.stream.clone_dtoh(&p.kv.stage).map_err(drv("download KV"))?;

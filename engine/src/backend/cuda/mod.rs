@@ -11,6 +11,7 @@
 
 mod device;
 mod forward;
+mod gemm;
 mod kv;
 mod ops;
 mod probe;

@@ -75,7 +75,7 @@ fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
 }
 
 /// The kernels' number for a weight format (`type` in `gemv.cu` / `embed.cu`).
-fn type_index(dtype: GgmlDType) -> Result<usize> {
+pub(crate) fn type_index(dtype: GgmlDType) -> Result<usize> {
     let all = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
     all.iter()
         .position(|&t| t == dtype)
@@ -87,15 +87,18 @@ impl DeviceAct {
         shape(k.is_multiple_of(format.block()), || format!("k = {k} is not a multiple of {}", format.block()))?;
         let blocks = rows * k / format.block();
         let s = &gpu.stream;
-        let a = drv("alloc activations");
+        let a = || drv("alloc activations");
+        // SAFETY (each alloc): plain integers and floats, no invalid bit patterns;
+        // `quantize` writes every array its format has before a GEMV reads it, and a
+        // GEMV reads only those (Q8_1 sums, Q8_K bsums). No memset is queued.
         Ok(Self {
             format,
             rows,
             k,
-            qs: s.alloc_zeros(rows * k).map_err(a)?,
-            d: s.alloc_zeros(blocks).map_err(drv("alloc activations"))?,
-            s: s.alloc_zeros(blocks).map_err(drv("alloc activations"))?,
-            bsums: s.alloc_zeros(rows * k / 16).map_err(drv("alloc activations"))?,
+            qs: unsafe { s.alloc(rows * k) }.map_err(a())?,
+            d: unsafe { s.alloc(blocks) }.map_err(a())?,
+            s: unsafe { s.alloc(blocks) }.map_err(a())?,
+            bsums: unsafe { s.alloc(rows * k / 16) }.map_err(a())?,
         })
     }
 }
@@ -132,6 +135,18 @@ impl Gpu {
     /// `y[r][j] = W[j] . x[r]` for every row of `act` (already quantized for `w`);
     /// `y` is `[act.rows, w.n]`.
     pub fn gemv(&self, w: &DeviceWeights, act: &DeviceAct, y: &mut CudaSlice<f32>) -> Result<()> {
+        self.gemv_rows(w, act, y, 0..act.rows)
+    }
+
+    /// `gemv` for rows `rows` of `act` only (into the same rows of `y`).
+    pub fn gemv_rows(
+        &self,
+        w: &DeviceWeights,
+        act: &DeviceAct,
+        y: &mut CudaSlice<f32>,
+        rows: std::ops::Range<usize>,
+    ) -> Result<()> {
+        shape(rows.end <= act.rows, || format!("rows {rows:?} of {}", act.rows))?;
         let want = ActFormat::for_weights(w.dtype);
         shape(want == Some(act.format), || {
             format!("{:?} weights need {want:?} activations, got {:?}", w.dtype, act.format)
@@ -145,10 +160,10 @@ impl Gpu {
         let (n, kbi) = (int(w.n)?, int(kb)?);
         const WARPS: usize = 4;
         let cfg = blocks_of(w.n * 32, WARPS * 32)?;
-        let mut r0 = 0;
-        while r0 < act.rows {
-            let rows = (act.rows - r0).min(GEMV_MAX_ROWS);
-            let ri = int(rows)?;
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
+            let ri = int(chunk)?;
             let aq = act.qs.slice(r0 * w.k..);
             let ad = act.d.slice(r0 * kb..);
             let as_ = act.s.slice(r0 * kb..);
@@ -158,9 +173,9 @@ impl Gpu {
             b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
             b.arg(&aq).arg(&ad).arg(&as_).arg(&abs).arg(&mut yv).arg(&n).arg(&kbi).arg(&ri);
             // SAFETY: weights hold n*kb blocks in the layout the kernel reads; the views
-            // start at row r0 and hold `rows` rows; y holds rows*n from r0*n.
+            // start at row r0 and hold `chunk` rows; y holds chunk*n from r0*n.
             unsafe { b.launch(cfg) }.map_err(drv("gemv"))?;
-            r0 += rows;
+            r0 += chunk;
         }
         Ok(())
     }

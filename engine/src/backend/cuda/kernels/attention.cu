@@ -31,10 +31,12 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 #define ATT_WARPS 4
 #define ATT_MAX_DIM 256
 
-// Causal (optionally windowed) attention, one block per (query token, head): each warp
-// takes every ATT_WARPS-th visible key with an online softmax, lanes split head_dim;
-// the warps' partial results are merged at the end. q is rounded to f16 first, as the
-// CPU does; scores are q.k * scale in f32. grid (T, n_heads), block 32 * ATT_WARPS.
+// Causal (optionally windowed) attention, one block per (query token, head), with the
+// CPU's arithmetic where it matters: q rounded to f16, scores q.k * scale in f32, ggml's
+// exp, and each probability exp(s - max) / sum rounded to f16 before it weighs V. The
+// first pass finds the max and the sum (each warp an online softmax over every
+// ATT_WARPS-th visible key, merged); the second recomputes the scores and sums p * V.
+// Lanes split head_dim. grid (T, n_heads), block 32 * ATT_WARPS.
 extern "C" __global__ void attention(const float* __restrict__ q, float* __restrict__ out,
                                      const unsigned long long* __restrict__ bases, const int* __restrict__ caps,
                                      const int* __restrict__ tok_row, const int* __restrict__ tok_pos, int layer,
@@ -54,33 +56,50 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     const float* qr = q + ((size_t)t * n_heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = h2f(f2h(qr[i]));
     __syncthreads();
-
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
-    const int per_lane = (hd + 31) / 32;
-    float acc[ATT_MAX_DIM / 32];
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_DIM / 32; i++) acc[i] = 0.0f;
+
+    // Pass 1: max and sum of exp(s - max).
     float m = NEG_INF, l = 0.0f;
     for (int j = lo + warp; j <= pos; j += ATT_WARPS) {
         const unsigned short* kr = K + (size_t)j * kv_dim;
         float s = 0.0f;
         for (int i = lane; i < hd; i += 32) s = fmaf(sq[i], h2f(kr[i]), s);
-        s = warp_sum(s) * scale;
-        const float m_new = fmaxf(m, s);
-        const float corr = m == NEG_INF ? 0.0f : expf(m - m_new);
-        const float p = expf(s - m_new);
-        l = fmaf(l, corr, p);
-        const unsigned short* vr = V + (size_t)j * kv_dim;
-#pragma unroll
-        for (int c = 0; c < ATT_MAX_DIM / 32; c++) {
-            const int i = lane + 32 * c;
-            if (c < per_lane && i < hd) acc[c] = fmaf(p, h2f(vr[i]), __fmul_rn(acc[c], corr));
+        s = __fmul_rn(warp_sum(s), scale);
+        if (s > m) {
+            l = m == NEG_INF ? 0.0f : __fmul_rn(l, ggml_expf(m - s));
+            m = s;
         }
-        m = m_new;
+        l += ggml_expf(s - m);
     }
     if (lane == 0) {
         s_m[warp] = m;
         s_l[warp] = l;
+    }
+    __syncthreads();
+    float mx = NEG_INF;
+    for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, s_m[w]);
+    double total = 0.0;
+    for (int w = 0; w < ATT_WARPS; w++)
+        if (s_m[w] != NEG_INF) total += (double)s_l[w] * (double)ggml_expf(s_m[w] - mx);
+    const float inv = (float)(1.0 / total);
+
+    // Pass 2: probabilities rounded to f16, weighted sum of V.
+    const int per_lane = (hd + 31) / 32;
+    float acc[ATT_MAX_DIM / 32];
+#pragma unroll
+    for (int c = 0; c < ATT_MAX_DIM / 32; c++) acc[c] = 0.0f;
+    for (int j = lo + warp; j <= pos; j += ATT_WARPS) {
+        const unsigned short* kr = K + (size_t)j * kv_dim;
+        float s = 0.0f;
+        for (int i = lane; i < hd; i += 32) s = fmaf(sq[i], h2f(kr[i]), s);
+        s = __fmul_rn(warp_sum(s), scale);
+        const float p = h2f(f2h(__fmul_rn(ggml_expf(s - mx), inv)));
+        const unsigned short* vr = V + (size_t)j * kv_dim;
+#pragma unroll
+        for (int c = 0; c < ATT_MAX_DIM / 32; c++) {
+            const int i = lane + 32 * c;
+            if (c < per_lane && i < hd) acc[c] = fmaf(h2f(vr[i]), p, acc[c]);
+        }
     }
 #pragma unroll
     for (int c = 0; c < ATT_MAX_DIM / 32; c++) {
@@ -88,19 +107,11 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
         if (c < per_lane && i < hd) s_acc[warp][i] = acc[c];
     }
     __syncthreads();
-    float mx = NEG_INF;
-    for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, s_m[w]);
-    float total = 0.0f;
-    float f[ATT_WARPS];
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = s_m[w] == NEG_INF ? 0.0f : expf(s_m[w] - mx);
-        total = fmaf(s_l[w], f[w], total);
-    }
     float* o = out + ((size_t)t * n_heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float a = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++) a = fmaf(s_acc[w][i], f[w], a);
-        o[i] = a / total;
+        for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][i];
+        o[i] = a;
     }
 }
 

@@ -35,3 +35,18 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// ggml_v_expf lane by lane (see `kernels::ops::expf`).
+__device__ __forceinline__ float ggml_expf(float x) {
+    const float r = __int_as_float(0x4b400000);
+    const float z = fmaf(x, __int_as_float(0x3fb8aa3b), r);
+    const float n = z - r;
+    const float b = fmaf(-n, __int_as_float(0x35bfbe8e), fmaf(-n, __int_as_float(0x3f317200), x));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : __int_as_float(0x7f800000);
+    const float u = __fmul_rn(b, b);
+    const float j = fmaf(fmaf(fmaf(__int_as_float(0x3c072010), b, __int_as_float(0x3d2b9f17)), u,
+                              fmaf(__int_as_float(0x3e2aaf33), b, __int_as_float(0x3efffedb))),
+                         u, fmaf(__int_as_float(0x3f7ffff6), b, 1.0f));
+    const double pow2 = __longlong_as_double((long long)((int)n + 1023) << 52);
+    return (float)((double)j * pow2);
+}

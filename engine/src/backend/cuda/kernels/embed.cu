@@ -51,3 +51,28 @@ extern "C" __global__ void embed_rows(const u8* qs, const float* d, const float*
         o[j] = v;
     }
 }
+
+// The whole matrix dequantized to f16 (`out` is [n][k]), for the prefill GEMM.
+// grid (n), block 256.
+extern "C" __global__ void dequant_f16(const u8* qs, const float* d, const float* m, const u8* aux,
+                                       unsigned short* out, int k, int type) {
+    const int per = type >= 4 ? 256 : 32;
+    const int kb = k / per;
+    const size_t row = blockIdx.x;
+    unsigned short* o = out + row * k;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const size_t blk = row * kb + j / per;
+        const int i = j % per;
+        float v;
+        if (type == 4) v = deq_q4k(qs, d, m, aux, blk, i);
+        else if (type == 5) v = deq_q6k(qs, d, aux, blk, i);
+        else v = deq32(type, qs, d, m, aux, blk, i);
+        o[j] = f2h(v);
+    }
+}
+
+// x (f32, n values) rounded to f16.
+extern "C" __global__ void to_f16(const float* __restrict__ x, unsigned short* __restrict__ out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(x[i]);
+}
