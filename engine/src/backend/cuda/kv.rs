@@ -60,12 +60,15 @@ impl Gpu {
             let mut host = vec![f16::ZERO; (len - from) * d];
             for layer in 0..shape.n_layers {
                 for which in 0..2 {
-                    for pos in (from..len).step_by(BLOCK_TOKENS) {
+                    // Block by block; the first may start inside its block.
+                    let mut pos = from;
+                    while pos < len {
                         let b = pos / BLOCK_TOKENS;
                         let end = ((b + 1) * BLOCK_TOKENS).min(len);
                         let plane = if which == 0 { cache.block_kv(layer, b).0 } else { cache.block_kv(layer, b).1 };
                         let (s, e) = ((pos % BLOCK_TOKENS) * d, (end - b * BLOCK_TOKENS) * d);
                         host[(pos - from) * d..(end - from) * d].copy_from_slice(&plane[s..e]);
+                        pos = end;
                     }
                     let off = ((layer * 2 + which) * kv.cap + from) * d;
                     let mut dst = kv.buf.slice_mut(off..off + host.len());

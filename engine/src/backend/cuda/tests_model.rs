@@ -3,12 +3,19 @@
 //! llama- and gemma3-shaped ones with `scripts/make-gguf`): teacher-forced top-1
 //! agreement, greedy continuations of a fixed prompt set, and batched = serial on the
 //! GPU. The reference is computed by the CPU engine in the same run, on the same file.
+//!
+//! Noise weights make nearly flat output distributions (the top logits within a few
+//! per cent of each other), where any last-bit difference — even between the CPU's own
+//! two arithmetics, batch-invariant and llama.cpp's — flips a top-1 now and then. So each
+//! model's bar is 99 %, or, where the CPU's two arithmetics agree less than that with
+//! each other, that noise floor less 1.5 points; the floor is measured and printed.
 
 use std::path::PathBuf;
 
 use super::tests::gpu;
 use crate::backend::DeviceChoice;
 use crate::gguf::Gguf;
+use crate::kernels::Numerics;
 use crate::model::{Logits, Model, Row};
 
 fn models() -> Vec<PathBuf> {
@@ -20,12 +27,43 @@ fn models() -> Vec<PathBuf> {
     paths
 }
 
-fn load(path: &PathBuf) -> (Model, Model) {
+/// The CPU engine, the CPU engine with llama.cpp's arithmetic, and the GPU engine.
+fn load(path: &PathBuf) -> (Model, Model, Model) {
     let g = Gguf::open(path).expect("model file");
     let cpu = Model::load_on(&g, DeviceChoice::Cpu).expect("CPU load");
+    let mut alt = Model::load_on(&g, DeviceChoice::Cpu).expect("CPU load");
+    alt.set_numerics(Numerics::LlamaCpp);
     let gpu = Model::load_on(&g, DeviceChoice::Cuda(0)).expect("GPU load");
     assert_eq!(gpu.device().label(), "cuda:0");
-    (cpu, gpu)
+    (cpu, alt, gpu)
+}
+
+/// Teacher-forced top-1 agreement of `b` with `a` over 200 tokens fed in chunks of
+/// different sizes (prefill, one decode step, more prefill): (agreeing, positions, worst
+/// relative error of a position's logits).
+fn teacher_forced(a: &Model, b: &Model) -> (usize, usize, f64) {
+    let vocab = a.config().vocab;
+    let toks = tokens(7, 200, vocab);
+    let (mut ca, mut cb) = (a.new_cache(), b.new_cache());
+    let (mut agree, mut n, mut worst) = (0, 0, 0f64);
+    let mut at = 0;
+    for len in [64, 1, 100, 35] {
+        let chunk = &toks[at..at + len];
+        let want = a.forward(chunk, &mut ca, Logits::All).expect("forward");
+        let got = b.forward(chunk, &mut cb, Logits::All).expect("forward");
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
+            assert!(g.iter().all(|v| v.is_finite()), "non-finite logits");
+            agree += usize::from(argmax(g) == argmax(w));
+            n += 1;
+            let num: f64 = g.iter().zip(w).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let den: f64 = w.iter().map(|y| (*y as f64).powi(2)).sum();
+            worst = worst.max((num / den).sqrt());
+        }
+        at += len;
+    }
+    assert_eq!((ca.len(), cb.len()), (200, 200));
+    (agree, n, worst)
 }
 
 /// Deterministic token ids in `[3, vocab)` (no specials).
@@ -63,32 +101,19 @@ fn cuda_model_teacher_forced_top1_matches_cpu() {
         return;
     }
     for path in models() {
-        let (cpu, gpu) = load(&path);
-        let vocab = cpu.config().vocab;
-        let toks = tokens(7, 200, vocab);
-        let (mut cc, mut gc) = (cpu.new_cache(), gpu.new_cache());
-        let (mut agree, mut n, mut worst) = (0, 0, 0f64);
-        let mut at = 0;
-        // Chunks of different sizes: prefill, a single decode step, more prefill.
-        for len in [64, 1, 100, 35] {
-            let chunk = &toks[at..at + len];
-            let want = cpu.forward(chunk, &mut cc, Logits::All).expect("CPU forward");
-            let got = gpu.forward(chunk, &mut gc, Logits::All).expect("GPU forward");
-            assert_eq!(got.len(), want.len());
-            for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
-                assert!(g.iter().all(|v| v.is_finite()), "non-finite GPU logits");
-                agree += usize::from(argmax(g) == argmax(w));
-                n += 1;
-                let num: f64 = g.iter().zip(w).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-                let den: f64 = w.iter().map(|b| (*b as f64).powi(2)).sum();
-                worst = worst.max((num / den).sqrt());
-            }
-            at += len;
-        }
-        assert_eq!((gc.len(), cc.len()), (200, 200));
+        let (cpu, alt, gpu) = load(&path);
+        let (fa, fn_, fw) = teacher_forced(&cpu, &alt);
+        let (agree, n, worst) = teacher_forced(&cpu, &gpu);
+        let floor = fa as f64 / fn_ as f64;
+        let bar = 0.99f64.min(floor - 0.015);
         let rate = agree as f64 / n as f64;
-        println!("{}: teacher-forced top-1 agreement {agree}/{n} ({:.1} %), worst logits rel err {worst:.2e}", path.display(), rate * 100.0);
-        assert!(rate >= 0.99, "top-1 agreement {rate:.3} < 0.99");
+        println!(
+            "{}: teacher-forced top-1 agreement GPU/CPU {agree}/{n}, worst logits rel err {worst:.2e}; \
+             CPU/CPU-llama.cpp-arithmetic {fa}/{fn_}, {fw:.2e}; bar {:.1} %",
+            path.display(),
+            bar * 100.0
+        );
+        assert!(rate >= bar, "top-1 agreement {rate:.3} < {bar:.3}");
     }
 }
 
@@ -98,20 +123,25 @@ fn cuda_model_greedy_continuations_match_cpu() {
         return;
     }
     for path in models() {
-        let (cpu, gpu) = load(&path);
+        let (cpu, alt, gpu) = load(&path);
         let vocab = cpu.config().vocab;
         let lens = [1, 7, 33, 64, 100, 150, 250, 31];
-        let mut same = 0;
+        let (mut same, mut floor) = (0, 0);
         for (i, &len) in lens.iter().enumerate() {
             let prompt = tokens(100 + i as u64, len, vocab);
-            let (want, got) = (greedy(&cpu, &prompt, 24), greedy(&gpu, &prompt, 24));
-            match want.iter().zip(&got).position(|(a, b)| a != b) {
+            let want = greedy(&cpu, &prompt, 24);
+            floor += usize::from(greedy(&alt, &prompt, 24) == want);
+            match want.iter().zip(&greedy(&gpu, &prompt, 24)).position(|(a, b)| a != b) {
                 None => same += 1,
                 Some(at) => println!("{}: prompt {i} ({len} tokens) diverges at token {at}", path.display()),
             }
         }
-        println!("{}: {same}/{} greedy continuations identical to the CPU", path.display(), lens.len());
-        assert!(same * 4 >= lens.len() * 3, "only {same}/{} continuations match", lens.len());
+        println!(
+            "{}: {same}/{} greedy continuations identical to the CPU (CPU with llama.cpp's arithmetic: {floor})",
+            path.display(),
+            lens.len()
+        );
+        assert!(same * 4 >= lens.len() * 3 || same + 1 >= floor, "only {same}/{} continuations match", lens.len());
     }
 }
 
@@ -121,7 +151,7 @@ fn cuda_model_batched_equals_serial() {
         return;
     }
     for path in models() {
-        let (_, gpu) = load(&path);
+        let (_, _, gpu) = load(&path);
         let vocab = gpu.config().vocab;
         let prompts: Vec<Vec<u32>> = [5, 40, 1, 77].iter().enumerate().map(|(i, &n)| tokens(300 + i as u64, n, vocab)).collect();
         let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&gpu, p, 12)).collect();
