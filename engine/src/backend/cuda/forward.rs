@@ -2,9 +2,10 @@
 //! quantized formats (repacked at upload), the KV cache is mirrored on the device
 //! (`kv.rs`), and only the token ids go in and the requested logits come out.
 //!
-//! First version, correctness first: matmuls are the GEMV kernel on up to 8 rows per
-//! launch (prefill repeats it), buffers are allocated per op (stream-ordered), and the
-//! pass synchronizes once, at the end, to copy the new K/V and the logits back.
+//! First version, correctness first: decode rows take the int8 GEMV kernel (8 rows per
+//! launch), long prefill chunks an f32 cuBLAS GEMM on the same int8 values (`gemm.rs`);
+//! buffers are allocated per op (stream-ordered, no memsets), and the pass synchronizes
+//! once, at the end, to copy the new K/V and the logits back. No CUDA graphs yet.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -73,8 +74,9 @@ impl CudaBackend {
             .ok_or_else(|| Error::Cuda { op: "matmul", reason: format!("no CUDA kernel for {:?}", w.dtype) })
     }
 
-    /// `x W^T` for each matrix, run by run of rows: GEMV runs on int8 activations
-    /// (quantized once per format), GEMM runs on f16 (converted once).
+    /// `x W^T` for each matrix, run by run of rows: GEMV runs on int8 activations, GEMM
+    /// runs on the same int8 values expanded to f32; activations are quantized once per
+    /// weight format.
     fn matmul_runs<const N: usize>(
         &self,
         runs: &[(Range<usize>, bool)],
@@ -83,27 +85,27 @@ impl CudaBackend {
     ) -> Result<[CudaSlice<f32>; N]> {
         let k = w[0].k;
         let m = x.len() / k;
-        let xh = if runs.iter().any(|r| r.1) { Some(self.gpu.to_f16(x)?) } else { None };
-        let mut acts: Vec<DeviceAct> = Vec::new();
+        let gemm = runs.iter().any(|r| r.1);
+        // Per activation format: the quantized rows and, for GEMM runs, them in f32.
+        let mut acts: Vec<(DeviceAct, Option<CudaSlice<f32>>)> = Vec::new();
         let mut out = Vec::with_capacity(N);
         for wi in w {
-            let mut y = self.alloc(m * wi.n)?;
-            if runs.iter().any(|r| !r.1) {
-                let format = Self::act_format(wi)?;
-                if !acts.iter().any(|a| a.format == format) {
-                    let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
-                    self.gpu.quantize(x, &mut a)?;
-                    acts.push(a);
-                }
-                let act = acts.iter().find(|a| a.format == format).unwrap_or_else(|| unreachable!("pushed above"));
-                for (rows, _) in runs.iter().filter(|r| !r.1) {
-                    self.gpu.gemv_rows(wi, act, &mut y, rows.clone())?;
-                }
+            let format = Self::act_format(wi)?;
+            if !acts.iter().any(|a| a.0.format == format) {
+                let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
+                self.gpu.quantize(x, &mut a)?;
+                let wide = if gemm { Some(self.gpu.dequant_act(&a)?) } else { None };
+                acts.push((a, wide));
             }
-            if let Some(xh) = &xh {
-                let wh = self.gpu.dequant_f16(wi)?;
+            let (act, wide) = acts.iter().find(|a| a.0.format == format).unwrap_or_else(|| unreachable!("pushed above"));
+            let mut y = self.alloc(m * wi.n)?;
+            for (rows, _) in runs.iter().filter(|r| !r.1) {
+                self.gpu.gemv_rows(wi, act, &mut y, rows.clone())?;
+            }
+            if let Some(xw) = wide {
+                let ww = self.gpu.dequant_f32(wi)?;
                 for (rows, _) in runs.iter().filter(|r| r.1) {
-                    self.gpu.gemm_rows(&wh, (wi.n, k), xh, rows.clone(), &mut y)?;
+                    self.gpu.gemm_rows(&ww, (wi.n, k), xw, rows.clone(), &mut y)?;
                 }
             }
             out.push(y);

@@ -34,7 +34,7 @@ impl ActFormat {
         }
     }
 
-    fn block(self) -> usize {
+    pub(crate) fn block(self) -> usize {
         if self == Self::Q8K { 256 } else { 32 }
     }
 }

@@ -52,14 +52,14 @@ extern "C" __global__ void embed_rows(const u8* qs, const float* d, const float*
     }
 }
 
-// The whole matrix dequantized to f16 (`out` is [n][k]), for the prefill GEMM.
-// grid (n), block 256.
-extern "C" __global__ void dequant_f16(const u8* qs, const float* d, const float* m, const u8* aux,
-                                       unsigned short* out, int k, int type) {
+// The whole matrix dequantized to f32 (`out` is [n][k]), for the prefill GEMM: every
+// value is exact in f32. grid (n), block 256.
+extern "C" __global__ void dequant_f32(const u8* qs, const float* d, const float* m, const u8* aux,
+                                       float* out, int k, int type) {
     const int per = type >= 4 ? 256 : 32;
     const int kb = k / per;
     const size_t row = blockIdx.x;
-    unsigned short* o = out + row * k;
+    float* o = out + row * k;
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
         const size_t blk = row * kb + j / per;
         const int i = j % per;
@@ -67,12 +67,14 @@ extern "C" __global__ void dequant_f16(const u8* qs, const float* d, const float
         if (type == 4) v = deq_q4k(qs, d, m, aux, blk, i);
         else if (type == 5) v = deq_q6k(qs, d, aux, blk, i);
         else v = deq32(type, qs, d, m, aux, blk, i);
-        o[j] = f2h(v);
+        o[j] = v;
     }
 }
 
-// x (f32, n values) rounded to f16.
-extern "C" __global__ void to_f16(const float* __restrict__ x, unsigned short* __restrict__ out, int n) {
+// Quantized activations back to f32: out[i] = qs[i] * d[i / block] (exact), so the
+// GEMM sees exactly the values the CPU's int8 dot products multiply.
+extern "C" __global__ void dequant_act(const i8* __restrict__ qs, const float* __restrict__ d,
+                                       float* __restrict__ out, int n, int block) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = f2h(x[i]);
+    if (i < n) out[i] = __fmul_rn((float)qs[i], d[i / block]);
 }
