@@ -182,8 +182,13 @@ mod tests {
 
     #[test]
     fn ready_line_keeps_its_wire_shape() {
-        let ev =
-            EngineEvent::Ready(Ready { pid: 7, socket: "/s".into(), model: "m".into(), load_ms: 3, device: "cpu".into() });
+        let ev = EngineEvent::Ready(Ready {
+            pid: 7,
+            socket: "/s".into(),
+            model: "m".into(),
+            load_ms: 3,
+            device: "cpu".into(),
+        });
         let line = ev.to_line();
         assert_eq!(line, r#"{"event":"ready","pid":7,"socket":"/s","model":"m","load_ms":3,"device":"cpu"}"#);
         let old = EngineEvent::parse(r#"{"event":"ready","pid":7,"socket":"/s","model":"m","load_ms":3}"#);

@@ -4,8 +4,8 @@ use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::ops::{self, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
-use crate::model::batch::{Spans, split};
 use crate::model::Row;
+use crate::model::batch::{Spans, split};
 
 use super::Backend;
 

@@ -12,7 +12,6 @@ use crate::kernels::{AttnSpec, attention_batch};
 use crate::kv::SeqCache;
 use crate::model::Logits;
 
-
 /// One sequence's share of a forward pass: `tokens` run at positions `cache.len()..`.
 pub struct Row<'a> {
     pub tokens: &'a [u32],

@@ -101,7 +101,10 @@ impl Gpu {
         }
         let name = ctx.name().unwrap_or_default();
         let blas = if Presence::probe().cublas {
-            Some(cudarc::cublas::CudaBlas::new(stream.clone()).map_err(|e| Error::Cuda { op: "cuBLAS", reason: e.to_string() })?)
+            Some(
+                cudarc::cublas::CudaBlas::new(stream.clone())
+                    .map_err(|e| Error::Cuda { op: "cuBLAS", reason: e.to_string() })?,
+            )
         } else {
             tracing::info!("libcublas.so.13 not found: prefill runs on the GEMV kernel");
             None

@@ -14,7 +14,7 @@ use cudarc::driver::CudaSlice;
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::gemm::GEMM_MIN_ROWS;
+use super::gemm::gemm_min_rows;
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::weights::{DeviceWeights, MatrixBytes};
@@ -97,7 +97,8 @@ impl CudaBackend {
                 let wide = if gemm { Some(self.gpu.dequant_act(&a)?) } else { None };
                 acts.push((a, wide));
             }
-            let (act, wide) = acts.iter().find(|a| a.0.format == format).unwrap_or_else(|| unreachable!("pushed above"));
+            let (act, wide) =
+                acts.iter().find(|a| a.0.format == format).unwrap_or_else(|| unreachable!("pushed above"));
             let mut y = self.alloc(m * wi.n)?;
             for (rows, _) in runs.iter().filter(|r| !r.1) {
                 self.gpu.gemv_rows(wi, act, &mut y, rows.clone())?;
@@ -116,7 +117,10 @@ impl CudaBackend {
     fn upload(&self, g: &Gguf, name: &str, k: usize, n: usize) -> Result<DeviceWeights> {
         let dims = g.dims(name)?;
         if dims != [n, k] {
-            return Err(Error::Tensor { name: name.to_owned(), reason: format!("shape {dims:?}, expected [{n}, {k}]") });
+            return Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("shape {dims:?}, expected [{n}, {k}]"),
+            });
         }
         let (bytes, dtype) = g.raw(name)?;
         if ActFormat::for_weights(dtype).is_none() {
@@ -157,7 +161,7 @@ impl Backend for CudaBackend {
         let ids = self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?;
         let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
         for &(at, n, _) in spans.each() {
-            let gemm = n >= GEMM_MIN_ROWS && self.gpu.has_gemm();
+            let gemm = n >= gemm_min_rows() && self.gpu.has_gemm();
             match runs.last_mut() {
                 Some((r, g)) if *g == gemm && r.end == at => r.end = at + n,
                 _ => runs.push((at..at + n, gemm)),

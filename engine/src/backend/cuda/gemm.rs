@@ -2,7 +2,7 @@
 //! dequantized to f32 (ggml's dequantization, exact), the activations quantized to int8
 //! blocks as the CPU quantizes them and expanded back to f32 (exact), then one f32 GEMM
 //! (no TF32). So the GEMM differs from the CPU's int8 dot products only in the order of
-//! f32 additions. Used for a sequence's chunk of at least `GEMM_MIN_ROWS` tokens (where
+//! f32 additions. Used for a sequence's chunk of at least `gemm_min_rows()` tokens (where
 //! the GEMV kernel would re-read the weights every 8 rows); decode rows always take the
 //! GEMV, so a decoding row's arithmetic never depends on the rows it is batched with.
 
@@ -17,8 +17,16 @@ use super::programs::EMBED;
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
 
-/// A sequence's chunk takes the GEMM from this many rows.
-pub const GEMM_MIN_ROWS: usize = 32;
+/// A sequence's chunk takes the GEMM from this many rows (32; the environment's
+/// `CORRAL_CUDA_GEMM_MIN_ROWS` overrides it, `0` meaning never: a diagnostic knob).
+pub fn gemm_min_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| match std::env::var("CORRAL_CUDA_GEMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()) {
+        Some(0) => usize::MAX,
+        Some(n) => n,
+        None => 32,
+    })
+}
 
 impl Gpu {
     /// Whether cuBLAS is loaded (else every matmul takes the GEMV kernel).
@@ -47,7 +55,11 @@ impl Gpu {
         // SAFETY: as above; the kernel writes all n values.
         let mut out = unsafe { self.stream.alloc::<f32>(n) }.map_err(drv("alloc f32 activations"))?;
         let f = self.function(&EMBED, "dequant_act")?;
-        let cfg = LaunchConfig { grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (ni, block) = (n as i32, act.format.block() as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&act.qs).arg(&act.d).arg(&mut out).arg(&ni).arg(&block);
@@ -65,7 +77,8 @@ impl Gpu {
         rows: Range<usize>,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let blas_handle = self.blas.as_ref().ok_or_else(|| Error::Cuda { op: "gemm", reason: "cuBLAS not loaded".into() })?;
+        let blas_handle =
+            self.blas.as_ref().ok_or_else(|| Error::Cuda { op: "gemm", reason: "cuBLAS not loaded".into() })?;
         if wh.len() != n * k || xh.len() < rows.end * k || y.len() < rows.end * n {
             return Err(Error::Cuda { op: "gemm", reason: "shape mismatch".into() });
         }

@@ -138,7 +138,13 @@ impl Gpu {
 
     /// Attention of the pass's queries (`[T][n_heads][head_dim]`) over their rows'
     /// mirrors for `layer` (after `kv_store`). Returns `[T][n_heads][head_dim]`.
-    pub(crate) fn attention(&self, plan: &KvPlan, layer: usize, q: &CudaSlice<f32>, spec: &AttnSpec) -> Result<CudaSlice<f32>> {
+    pub(crate) fn attention(
+        &self,
+        plan: &KvPlan,
+        layer: usize,
+        q: &CudaSlice<f32>,
+        spec: &AttnSpec,
+    ) -> Result<CudaSlice<f32>> {
         let (hd, nh, nkv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
         if hd > MAX_HEAD_DIM || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
             return Err(cuda("attention", format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
@@ -148,7 +154,8 @@ impl Gpu {
             return Ok(out);
         }
         let f = self.function(&ATTENTION, "attention")?;
-        let cfg = LaunchConfig { grid_dim: (plan.total as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg =
+            LaunchConfig { grid_dim: (plan.total as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let window = spec.window.map_or(0, |w| w as i32);
         let (li, hi, ki, di) = (layer as i32, nh as i32, nkv as i32, hd as i32);
         let mut b = self.stream.launch_builder(&f);

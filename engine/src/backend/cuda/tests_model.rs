@@ -4,11 +4,14 @@
 //! agreement, greedy continuations of a fixed prompt set, and batched = serial on the
 //! GPU. The reference is computed by the CPU engine in the same run, on the same file.
 //!
-//! Noise weights make nearly flat output distributions (the top logits within a few
-//! per cent of each other), where any last-bit difference — even between the CPU's own
-//! two arithmetics, batch-invariant and llama.cpp's — flips a top-1 now and then. So each
-//! model's bar is 99 %, or, where the CPU's two arithmetics agree less than that with
-//! each other, that noise floor less 1.5 points; the floor is measured and printed.
+//! Noise weights make chaotic models with nearly flat outputs: one V element changed
+//! by one f16 step at one position moves the logits 20 tokens later by ~1e-2 (measured
+//! on gtiny and smol), so the last-bit differences between any two arithmetics — the
+//! CPU's own two (batch-invariant and llama.cpp's) included — flip near-tied top-1s.
+//! A top-1 is therefore held to agreement only where it is decisive: where the CPU's
+//! top logit leads the second by more than `MARGIN` of its size. The share of decisive
+//! positions is checked too (a model too flat to test fails), and the agreement over
+//! every position, and the CPU-vs-CPU noise floor, are printed.
 
 use std::path::PathBuf;
 
@@ -18,9 +21,68 @@ use crate::gguf::Gguf;
 use crate::kernels::Numerics;
 use crate::model::{Logits, Model, Row};
 
+/// A top-1 is decisive when it leads the runner-up by more than this share of itself.
+const MARGIN: f32 = 0.02;
+
+/// Whether the top logit of `v` leads the second by more than `MARGIN`.
+fn decisive(v: &[f32]) -> bool {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in v {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b > MARGIN * a.abs()
+}
+
+/// Top-1 agreement of `b` with `a`: over decisive positions and over all.
+#[derive(Default)]
+struct Agreement {
+    decisive: usize,
+    decisive_agree: usize,
+    all: usize,
+    all_agree: usize,
+    worst: f64,
+}
+
+impl Agreement {
+    fn add(&mut self, want: &[f32], got: &[f32]) {
+        assert!(got.iter().all(|v| v.is_finite()), "non-finite logits");
+        let same = argmax(got) == argmax(want);
+        self.all += 1;
+        self.all_agree += usize::from(same);
+        if decisive(want) {
+            self.decisive += 1;
+            self.decisive_agree += usize::from(same);
+        }
+        let num: f64 = got.iter().zip(want).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = want.iter().map(|y| (*y as f64).powi(2)).sum();
+        self.worst = self.worst.max((num / den).sqrt());
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "decisive {}/{} agree, all {}/{}, worst logits rel err {:.2e}",
+            self.decisive_agree, self.decisive, self.all_agree, self.all, self.worst
+        )
+    }
+
+    /// 99 % of decisive positions agree, and at least a quarter of positions are decisive.
+    fn check(&self, what: &str) {
+        assert!(self.decisive * 4 >= self.all, "{what}: only {}/{} positions decisive", self.decisive, self.all);
+        assert!(self.decisive_agree * 100 >= self.decisive * 99, "{what}: {}", self.line());
+    }
+}
+
 fn models() -> Vec<PathBuf> {
-    let paths: Vec<PathBuf> =
-        std::env::var("CORRAL_GPU_MODELS").unwrap_or_default().split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect();
+    let paths: Vec<PathBuf> = std::env::var("CORRAL_GPU_MODELS")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect();
     if paths.is_empty() {
         println!("skipped: CORRAL_GPU_MODELS names no model files");
     }
@@ -38,32 +100,27 @@ fn load(path: &PathBuf) -> (Model, Model, Model) {
     (cpu, alt, gpu)
 }
 
-/// Teacher-forced top-1 agreement of `b` with `a` over 200 tokens fed in chunks of
-/// different sizes (prefill, one decode step, more prefill): (agreeing, positions, worst
-/// relative error of a position's logits).
-fn teacher_forced(a: &Model, b: &Model) -> (usize, usize, f64) {
+/// Teacher-forced top-1 agreement of `b` with `a`, the tokens fed in `chunks` (prefill
+/// chunks and single decode steps).
+fn teacher_forced(a: &Model, b: &Model, chunks: &[usize]) -> Agreement {
     let vocab = a.config().vocab;
-    let toks = tokens(7, 200, vocab);
+    let total: usize = chunks.iter().sum();
+    let toks = tokens(7, total, vocab);
     let (mut ca, mut cb) = (a.new_cache(), b.new_cache());
-    let (mut agree, mut n, mut worst) = (0, 0, 0f64);
+    let mut out = Agreement::default();
     let mut at = 0;
-    for len in [64, 1, 100, 35] {
+    for &len in chunks {
         let chunk = &toks[at..at + len];
         let want = a.forward(chunk, &mut ca, Logits::All).expect("forward");
         let got = b.forward(chunk, &mut cb, Logits::All).expect("forward");
         assert_eq!(got.len(), want.len());
         for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
-            assert!(g.iter().all(|v| v.is_finite()), "non-finite logits");
-            agree += usize::from(argmax(g) == argmax(w));
-            n += 1;
-            let num: f64 = g.iter().zip(w).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-            let den: f64 = w.iter().map(|y| (*y as f64).powi(2)).sum();
-            worst = worst.max((num / den).sqrt());
+            out.add(w, g);
         }
         at += len;
     }
-    assert_eq!((ca.len(), cb.len()), (200, 200));
-    (agree, n, worst)
+    assert_eq!((ca.len(), cb.len()), (total, total));
+    out
 }
 
 /// Deterministic token ids in `[3, vocab)` (no specials).
@@ -83,16 +140,18 @@ fn argmax(v: &[f32]) -> u32 {
     v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
 }
 
-fn greedy(m: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+/// `n` greedy tokens after `prompt`, and whether each choice was decisive.
+fn greedy(m: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<bool>) {
     let mut cache = m.new_cache();
     let mut logits = m.forward(prompt, &mut cache, Logits::Last).expect("prefill");
-    let mut out = Vec::new();
+    let (mut out, mut sure) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let t = argmax(&logits);
         out.push(t);
+        sure.push(decisive(&logits));
         logits = m.forward(&[t], &mut cache, Logits::Last).expect("decode");
     }
-    out
+    (out, sure)
 }
 
 #[test]
@@ -102,46 +161,56 @@ fn cuda_model_teacher_forced_top1_matches_cpu() {
     }
     for path in models() {
         let (cpu, alt, gpu) = load(&path);
-        let (fa, fn_, fw) = teacher_forced(&cpu, &alt);
-        let (agree, n, worst) = teacher_forced(&cpu, &gpu);
-        let floor = fa as f64 / fn_ as f64;
-        let bar = 0.99f64.min(floor - 0.015);
-        let rate = agree as f64 / n as f64;
+        const CHUNKS: [usize; 4] = [64, 1, 100, 35];
+        let floor = teacher_forced(&cpu, &alt, &CHUNKS);
+        let got = teacher_forced(&cpu, &gpu, &CHUNKS);
         println!(
-            "{}: teacher-forced top-1 agreement GPU/CPU {agree}/{n}, worst logits rel err {worst:.2e}; \
-             CPU/CPU-llama.cpp-arithmetic {fa}/{fn_}, {fw:.2e}; bar {:.1} %",
+            "{}: teacher-forced GPU vs CPU: {}; CPU with llama.cpp's arithmetic vs CPU: {}",
             path.display(),
-            bar * 100.0
+            got.line(),
+            floor.line()
         );
-        assert!(rate >= bar, "top-1 agreement {rate:.3} < {bar:.3}");
+        got.check(&path.display().to_string());
     }
 }
 
+/// Each prompt's GPU continuation must equal the CPU's up to the CPU's first near-tie
+/// (where either choice is right); most must equal it all the way.
 #[test]
 fn cuda_model_greedy_continuations_match_cpu() {
     if gpu().is_none() {
         return;
     }
     for path in models() {
-        let (cpu, alt, gpu) = load(&path);
+        let (cpu, _, gpu) = load(&path);
         let vocab = cpu.config().vocab;
         let lens = [1, 7, 33, 64, 100, 150, 250, 31];
-        let (mut same, mut floor) = (0, 0);
+        let (mut whole, mut to_tie) = (0, 0);
         for (i, &len) in lens.iter().enumerate() {
             let prompt = tokens(100 + i as u64, len, vocab);
-            let want = greedy(&cpu, &prompt, 24);
-            floor += usize::from(greedy(&alt, &prompt, 24) == want);
-            match want.iter().zip(&greedy(&gpu, &prompt, 24)).position(|(a, b)| a != b) {
-                None => same += 1,
-                Some(at) => println!("{}: prompt {i} ({len} tokens) diverges at token {at}", path.display()),
+            let ((want, sure), (got, _)) = (greedy(&cpu, &prompt, 24), greedy(&gpu, &prompt, 24));
+            let tie = sure.iter().position(|s| !s).unwrap_or(want.len());
+            match want.iter().zip(&got).position(|(a, b)| a != b) {
+                None => {
+                    whole += 1;
+                    to_tie += 1;
+                }
+                Some(at) => {
+                    to_tie += usize::from(at >= tie);
+                    println!(
+                        "{}: prompt {i} ({len} tokens) diverges at token {at}, first CPU near-tie at {tie}",
+                        path.display()
+                    );
+                }
             }
         }
         println!(
-            "{}: {same}/{} greedy continuations identical to the CPU (CPU with llama.cpp's arithmetic: {floor})",
+            "{}: greedy continuations identical to the CPU: {whole}/{n} whole, {to_tie}/{n} up to the CPU's first near-tie",
             path.display(),
-            lens.len()
+            n = lens.len()
         );
-        assert!(same * 4 >= lens.len() * 3 || same + 1 >= floor, "only {same}/{} continuations match", lens.len());
+        assert_eq!(to_tie, lens.len(), "a continuation diverged before any near-tie");
+        assert!(whole * 2 >= lens.len(), "only {whole}/{} continuations identical", lens.len());
     }
 }
 
@@ -153,15 +222,13 @@ fn cuda_model_batched_equals_serial() {
     for path in models() {
         let (_, _, gpu) = load(&path);
         let vocab = gpu.config().vocab;
-        let prompts: Vec<Vec<u32>> = [5, 40, 1, 77].iter().enumerate().map(|(i, &n)| tokens(300 + i as u64, n, vocab)).collect();
-        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&gpu, p, 12)).collect();
+        let prompts: Vec<Vec<u32>> =
+            [5, 40, 1, 77].iter().enumerate().map(|(i, &n)| tokens(300 + i as u64, n, vocab)).collect();
+        let alone: Vec<Vec<u32>> = prompts.iter().map(|p| greedy(&gpu, p, 12).0).collect();
         // The same rows together: prefills in one pass, then every decode step batched.
         let mut caches: Vec<_> = prompts.iter().map(|_| gpu.new_cache()).collect();
-        let mut rows: Vec<Row<'_>> = caches
-            .iter_mut()
-            .zip(&prompts)
-            .map(|(c, p)| Row { tokens: p, cache: c, logits: Logits::Last })
-            .collect();
+        let mut rows: Vec<Row<'_>> =
+            caches.iter_mut().zip(&prompts).map(|(c, p)| Row { tokens: p, cache: c, logits: Logits::Last }).collect();
         let mut logits = gpu.forward_batch(&mut rows).expect("batched prefill");
         drop(rows);
         let mut together: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
@@ -170,14 +237,26 @@ fn cuda_model_batched_equals_serial() {
             for (out, t) in together.iter_mut().zip(&next) {
                 out.push(t[0]);
             }
-            let mut rows: Vec<Row<'_>> = caches
-                .iter_mut()
-                .zip(&next)
-                .map(|(c, t)| Row { tokens: t, cache: c, logits: Logits::Last })
-                .collect();
+            let mut rows: Vec<Row<'_>> =
+                caches.iter_mut().zip(&next).map(|(c, t)| Row { tokens: t, cache: c, logits: Logits::Last }).collect();
             logits = gpu.forward_batch(&mut rows).expect("batched decode");
         }
         assert_eq!(together, alone, "{}: batched rows differ from the same rows alone", path.display());
         println!("{}: batched = serial on the GPU for {} rows", path.display(), prompts.len());
+    }
+}
+
+/// Decode steps only (one token a pass: GEMV and one-query attention, no GEMM), which
+/// separates the decode path from the prefill path when the tests above disagree.
+#[test]
+fn cuda_model_decode_steps_match_cpu() {
+    if gpu().is_none() {
+        return;
+    }
+    for path in models() {
+        let (cpu, _, gpu) = load(&path);
+        let got = teacher_forced(&cpu, &gpu, &[1; 48]);
+        println!("{}: decode steps GPU vs CPU: {}", path.display(), got.line());
+        got.check(&path.display().to_string());
     }
 }
