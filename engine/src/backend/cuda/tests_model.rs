@@ -13,7 +13,7 @@
 //! positions is checked too (a model too flat to test fails), and the agreement over
 //! every position, and the CPU-vs-CPU noise floor, are printed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::tests::gpu;
 use crate::backend::DeviceChoice;
@@ -90,7 +90,7 @@ fn models() -> Vec<PathBuf> {
 }
 
 /// The CPU engine, the CPU engine with llama.cpp's arithmetic, and the GPU engine.
-fn load(path: &PathBuf) -> (Model, Model, Model) {
+fn load(path: &Path) -> (Model, Model, Model) {
     let g = Gguf::open(path).expect("model file");
     let cpu = Model::load_on(&g, DeviceChoice::Cpu).expect("CPU load");
     let mut alt = Model::load_on(&g, DeviceChoice::Cpu).expect("CPU load");
