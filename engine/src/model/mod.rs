@@ -79,7 +79,7 @@ impl Model {
         };
         let on_gpu = match gpu {
             None => None,
-            Some(b) => match build(b.clone(), g, &config) {
+            Some(b) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
                 Ok(arch) => Some((arch, b)),
                 Err(e) if device == DeviceChoice::Auto => {
                     tracing::info!(reason = %e, "model cannot run on the GPU, using the CPU");
@@ -94,6 +94,14 @@ impl Model {
         };
         tracing::info!(device = %device.label(), "model loaded");
         Ok(Self { config: Arc::new(config), arch, numerics: Numerics::default(), device, gpu })
+    }
+
+    /// On a GPU, the bytes of KV its memory can mirror now (free memory less headroom);
+    /// `None` on the CPU.
+    pub fn device_kv_capacity(&self) -> Option<u64> {
+        let b = self.gpu.as_ref()?;
+        let (free, _) = b.gpu().memory().ok()?;
+        Some(crate::backend::cuda::fit::kv_capacity(free as u64))
     }
 
     /// The device and, on a GPU, its memory (total, and used by every process).

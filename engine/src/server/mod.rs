@@ -88,8 +88,11 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let stats = Arc::new(stats::Stats::new());
     let cache =
         crate::cache::PromptCache::new(cfg.cache.clone(), engine.model.kv_shape(), Some(engine.cache_identity()));
+    // On a GPU every admitted row's KV is also mirrored in device memory: the budget is
+    // the smaller of what RAM and the GPU can hold.
+    let host_kv = cfg.kv_budget.unwrap_or_else(|| cfg.memory_budget.saturating_sub(engine.file_bytes));
     let kv_budget = admission::KvBudget {
-        bytes: cfg.kv_budget.unwrap_or_else(|| cfg.memory_budget.saturating_sub(engine.file_bytes)),
+        bytes: engine.model.device_kv_capacity().map_or(host_kv, |d| host_kv.min(d)),
         per_token: engine.model.kv_shape().bytes_per_token() as u64,
     };
     tracing::info!(

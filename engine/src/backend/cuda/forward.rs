@@ -54,6 +54,13 @@ impl CudaBackend {
         Gpu::try_open_default().map(|g| Self { gpu: Arc::new(g), ordinal: 0 })
     }
 
+    /// Refuse a model whose weights (GGUF `file_bytes`) cannot fit the free memory.
+    pub fn check_fit(&self, file_bytes: u64) -> Result<()> {
+        let (free, total) = self.gpu.memory()?;
+        super::fit::check(super::fit::weight_estimate(file_bytes), free as u64, total as u64)
+            .map_err(|reason| Error::Cuda { op: "fit the model", reason })
+    }
+
     pub fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda { ordinal: self.ordinal, name: self.gpu.name(), arch: self.gpu.arch().to_owned() }
     }

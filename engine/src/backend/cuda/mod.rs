@@ -10,6 +10,7 @@
 //! checks every op against the CPU op, `tests_model.rs` whole models against the CPU.
 
 mod device;
+pub mod fit;
 mod forward;
 mod gemm;
 mod kv;
