@@ -32,10 +32,8 @@ struct Layer<B: Backend> {
 pub(crate) struct Gemma3<B: Backend> {
     b: B,
     cfg: ModelConfig,
-    embed: B::Table,
+    ends: super::Ends<B>,
     layers: Vec<Layer<B>>,
-    norm: B::Vector,
-    lm_head: B::Matrix,
 }
 
 /// Rotary tables of a pass: global layers', then sliding-window layers'.
@@ -65,14 +63,7 @@ impl<B: Backend> Gemma3<B> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            embed: b.table(g, "token_embd.weight", cfg.vocab, h)?,
-            lm_head: super::output_matrix(&b, g, cfg)?,
-            norm: b.vector(g, "output_norm.weight", h)?,
-            cfg: cfg.clone(),
-            layers,
-            b,
-        })
+        Ok(Self { ends: super::Ends::load(&b, g, cfg)?, cfg: cfg.clone(), layers, b })
     }
 }
 
@@ -89,7 +80,7 @@ impl<B: Backend> Architecture for Gemma3<B> {
             window: if swa { c.sliding_window } else { None },
         };
         let q_scale = 1.0 / (c.head_dim as f32).sqrt();
-        let mut x = b.embed(&p, &self.embed)?;
+        let mut x = b.embed(&p, &self.ends.embed)?;
         b.scale(&mut x, (c.hidden as f32).sqrt())?;
         for (il, l) in self.layers.iter().enumerate() {
             let swa = c.is_swa[il];
@@ -113,6 +104,6 @@ impl<B: Backend> Architecture for Gemma3<B> {
             b.rms_norm_inplace(&mut d, &l.post_ffn_norm, c.rms_eps)?;
             b.add(&mut x, &d)?;
         }
-        b.finish(p, rows, &x, &self.norm, c.rms_eps, &self.lm_head)
+        b.finish(p, rows, &x, &self.ends.norm, c.rms_eps, &self.ends.lm_head)
     }
 }

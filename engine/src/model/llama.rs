@@ -26,10 +26,8 @@ struct Layer<B: Backend> {
 pub(crate) struct Llama<B: Backend> {
     b: B,
     cfg: ModelConfig,
-    embed: B::Table,
+    ends: super::Ends<B>,
     layers: Vec<Layer<B>>,
-    norm: B::Vector,
-    lm_head: B::Matrix,
 }
 
 impl<B: Backend> Llama<B> {
@@ -51,14 +49,7 @@ impl<B: Backend> Llama<B> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            embed: b.table(g, "token_embd.weight", cfg.vocab, h)?,
-            lm_head: super::output_matrix(&b, g, cfg)?,
-            norm: b.vector(g, "output_norm.weight", h)?,
-            cfg: cfg.clone(),
-            layers,
-            b,
-        })
+        Ok(Self { ends: super::Ends::load(&b, g, cfg)?, cfg: cfg.clone(), layers, b })
     }
 }
 
@@ -73,7 +64,7 @@ impl<B: Backend> Architecture for Llama<B> {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             window: None,
         };
-        let mut x = b.embed(&p, &self.embed)?;
+        let mut x = b.embed(&p, &self.ends.embed)?;
         for (il, l) in self.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
             let [mut q, mut k, v] = b.matmul_many(&p, [&l.wq, &l.wk, &l.wv], &h)?;
@@ -87,6 +78,6 @@ impl<B: Backend> Architecture for Llama<B> {
             b.silu_mul(&mut gate, &up)?;
             b.add(&mut x, &b.matmul(&p, &l.w_down, &gate)?)?;
         }
-        b.finish(p, rows, &x, &self.norm, c.rms_eps, &self.lm_head)
+        b.finish(p, rows, &x, &self.ends.norm, c.rms_eps, &self.ends.lm_head)
     }
 }

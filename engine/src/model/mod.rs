@@ -56,10 +56,23 @@ fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Arc
     })
 }
 
-/// The output projection: `output.weight`, or the embedding table when tied.
-fn output_matrix<B: Backend>(b: &B, g: &Gguf, cfg: &ModelConfig) -> Result<B::Matrix> {
-    let name = if g.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
-    b.matrix(g, name, cfg.hidden, cfg.vocab)
+/// The tensors around the blocks: the embedding table, the final norm, and the output
+/// projection (`output.weight`, or the embedding table when tied).
+struct Ends<B: Backend> {
+    embed: B::Table,
+    norm: B::Vector,
+    lm_head: B::Matrix,
+}
+
+impl<B: Backend> Ends<B> {
+    fn load(b: &B, g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
+        let out = if g.has_tensor("output.weight") { "output.weight" } else { "token_embd.weight" };
+        Ok(Self {
+            embed: b.table(g, "token_embd.weight", cfg.vocab, cfg.hidden)?,
+            norm: b.vector(g, "output_norm.weight", cfg.hidden)?,
+            lm_head: b.matrix(g, out, cfg.hidden, cfg.vocab)?,
+        })
+    }
 }
 
 impl Model {

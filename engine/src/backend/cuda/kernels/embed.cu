@@ -35,12 +35,11 @@ __device__ __forceinline__ float deq_q6k(const u8* qs, const float* d, const u8*
     return __fmul_rn(__fmul_rn(d[blk], sc), (float)q);
 }
 
-extern "C" __global__ void embed_rows(const u8* qs, const float* d, const float* m, const u8* aux,
-                                      const int* ids, float* out, int k, int type) {
+// Row `row` of the matrix dequantized into o[0..k).
+__device__ __forceinline__ void deq_row(const u8* qs, const float* d, const float* m, const u8* aux,
+                                        size_t row, float* o, int k, int type) {
     const int per = type >= 4 ? 256 : 32;
     const int kb = k / per;
-    const size_t row = (size_t)ids[blockIdx.x];
-    float* o = out + (size_t)blockIdx.x * k;
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
         const size_t blk = row * kb + j / per;
         const int i = j % per;
@@ -52,23 +51,16 @@ extern "C" __global__ void embed_rows(const u8* qs, const float* d, const float*
     }
 }
 
+extern "C" __global__ void embed_rows(const u8* qs, const float* d, const float* m, const u8* aux,
+                                      const int* ids, float* out, int k, int type) {
+    deq_row(qs, d, m, aux, (size_t)ids[blockIdx.x], out + (size_t)blockIdx.x * k, k, type);
+}
+
 // The whole matrix dequantized to f32 (`out` is [n][k]), for the prefill GEMM: every
 // value is exact in f32. grid (n), block 256.
 extern "C" __global__ void dequant_f32(const u8* qs, const float* d, const float* m, const u8* aux,
                                        float* out, int k, int type) {
-    const int per = type >= 4 ? 256 : 32;
-    const int kb = k / per;
-    const size_t row = blockIdx.x;
-    float* o = out + row * k;
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-        const size_t blk = row * kb + j / per;
-        const int i = j % per;
-        float v;
-        if (type == 4) v = deq_q4k(qs, d, m, aux, blk, i);
-        else if (type == 5) v = deq_q6k(qs, d, aux, blk, i);
-        else v = deq32(type, qs, d, m, aux, blk, i);
-        o[j] = v;
-    }
+    deq_row(qs, d, m, aux, blockIdx.x, out + (size_t)blockIdx.x * k, k, type);
 }
 
 // Quantized activations back to f32: out[i] = qs[i] * d[i / block] (exact), so the
