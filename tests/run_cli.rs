@@ -175,3 +175,33 @@ fn sampling_flags_out_of_range_refuse_to_start_naming_the_flag() {
         }
     }
 }
+
+/// `--device cuda` where CUDA cannot run (every CI machine) is one error line naming what
+/// is missing and exit 1, never a panic; `--device cpu` runs; a bad device name is a
+/// usage error. On a GPU machine the CUDA run must simply succeed.
+#[test]
+fn device_flag_fails_clearly_without_cuda() {
+    let path = model_path(SMOLLM);
+    let args = |device: &str| {
+        ["run", "--model", path.to_str().unwrap(), "--prompt", "Hi", "--max-tokens", "2", "--device", device]
+            .map(str::to_owned)
+    };
+    let run = |device: &str| {
+        let a = args(device);
+        run_corral(&a.iter().map(String::as_str).collect::<Vec<_>>(), DEADLINE)
+    };
+    let cpu = run("cpu");
+    assert!(cpu.status.success(), "stderr: {}", String::from_utf8_lossy(&cpu.stderr));
+    let cuda = run("cuda");
+    let stderr = String::from_utf8_lossy(&cuda.stderr);
+    if !cuda.status.success() {
+        assert_eq!(cuda.status.code(), Some(1), "{stderr}");
+        let line = stderr.lines().last().unwrap_or_default();
+        assert!(line.starts_with("corral: error: CUDA unavailable: "), "{stderr}");
+        assert_eq!(line.matches("not found").count().max(1), 1, "said once: {line}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let bad = run("metal");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected auto, cpu, cuda or cuda:N"));
+}

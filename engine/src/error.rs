@@ -47,8 +47,9 @@ pub enum Error {
     #[error("tensor op failed: {0}")]
     Candle(String),
 
+    /// Not a `source`: the message already says why, and a chain would say it twice.
     #[error("CUDA unavailable: {0}")]
-    CudaUnavailable(#[from] crate::backend::cuda::Unavailable),
+    CudaUnavailable(crate::backend::cuda::Unavailable),
 
     #[error("CUDA kernel {program} failed to compile for {arch}:\n{log}")]
     CudaCompile { program: String, arch: String, log: String },
@@ -65,5 +66,11 @@ pub(crate) fn candle_message(e: &candle_core::Error) -> String {
 impl From<candle_core::Error> for Error {
     fn from(e: candle_core::Error) -> Self {
         Error::Candle(candle_message(&e))
+    }
+}
+
+impl From<crate::backend::cuda::Unavailable> for Error {
+    fn from(e: crate::backend::cuda::Unavailable) -> Self {
+        Self::CudaUnavailable(e)
     }
 }
