@@ -16,7 +16,7 @@ pub enum DeviceChoice {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
     Cpu,
-    Cuda { ordinal: usize, name: String, arch: String },
+    Cuda { ordinal: usize, name: String },
 }
 
 impl DeviceKind {

@@ -62,7 +62,7 @@ impl CudaBackend {
     }
 
     pub fn kind(&self) -> DeviceKind {
-        DeviceKind::Cuda { ordinal: self.ordinal, name: self.gpu.name(), arch: self.gpu.arch().to_owned() }
+        DeviceKind::Cuda { ordinal: self.ordinal, name: self.gpu.name() }
     }
 
     pub fn gpu(&self) -> &Gpu {

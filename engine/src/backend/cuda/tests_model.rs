@@ -20,6 +20,7 @@ use crate::backend::DeviceChoice;
 use crate::gguf::Gguf;
 use crate::kernels::Numerics;
 use crate::model::{Logits, Model, Row};
+use crate::sampler::argmax;
 
 /// A top-1 is decisive when it leads the runner-up by more than this share of itself.
 const MARGIN: f32 = 0.02;
@@ -134,10 +135,6 @@ fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
             3 + (x % (vocab as u64 - 3)) as u32
         })
         .collect()
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
 }
 
 /// `n` greedy tokens after `prompt`, and whether each choice was decisive.
