@@ -131,6 +131,14 @@ impl Model {
         }
     }
 
+    /// On a GPU, run decode steps through CUDA graphs (the default) or eagerly.
+    #[cfg(test)]
+    pub(crate) fn set_cuda_graphs(&self, on: bool) {
+        if let Some(b) = &self.gpu {
+            b.set_graphs(on);
+        }
+    }
+
     /// What the model runs on.
     pub fn device(&self) -> &DeviceKind {
         &self.device
@@ -175,7 +183,12 @@ impl Model {
                 return Err(Error::BadToken { id, vocab });
             }
         }
-        let run = |rows: &mut [Row<'_>]| crate::kernels::with_numerics(self.numerics, || self.arch.forward(rows));
+        let run = |rows: &mut [Row<'_>]| {
+            crate::kernels::with_numerics(self.numerics, || match &self.gpu {
+                Some(b) => b.step(vocab, rows, |rows| self.arch.forward(rows)),
+                None => self.arch.forward(rows),
+            })
+        };
         if rows.iter().all(|r| !r.tokens.is_empty()) {
             return run(rows);
         }

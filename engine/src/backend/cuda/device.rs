@@ -74,6 +74,26 @@ pub struct Gpu {
     pub(crate) blas: Option<cudarc::cublas::CudaBlas>,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    pub(crate) pinned: Mutex<super::download::Pinned>,
+}
+
+/// Device memory the pool keeps after it is freed (the default, 0, hands it back to the
+/// driver at every synchronize, so each eager pass maps its activations anew).
+const POOL_KEEP_BYTES: u64 = 1 << 30;
+
+/// Keep up to `POOL_KEEP_BYTES` of freed memory in the device's default pool, which
+/// stream-ordered allocations come from.
+fn keep_pool(ctx: &CudaContext) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut keep = POOL_KEEP_BYTES;
+    // SAFETY: `pool` receives the device's default pool handle; the attribute takes a
+    // pointer to a u64, which `keep` is.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().map_err(drv("memory pool"))?;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        sys::cuMemPoolSetAttribute(pool, attr, (&mut keep as *mut u64).cast()).result().map_err(drv("memory pool"))
+    }
 }
 
 impl Gpu {
@@ -90,7 +110,8 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(drv("create context"))?;
         // SAFETY: one stream only; nothing relies on cudarc's per-slice events.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream().map_err(drv("create stream"))?;
+        keep_pool(&ctx)?;
         let (major, minor) = ctx.compute_capability().map_err(drv("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
         let mut modules = HashMap::new();
@@ -106,11 +127,12 @@ impl Gpu {
                     .map_err(|e| Error::Cuda { op: "cuBLAS", reason: e.to_string() })?,
             )
         } else {
-            tracing::info!("libcublas.so.13 not found: prefill runs on the GEMV kernel");
+            tracing::debug!("libcublas.so.13 not found (used only with CORRAL_CUDA_MMQ=0 or before sm_80)");
             None
         };
         tracing::info!(ordinal, device = %name, %arch, ms = t.elapsed().as_millis() as u64, "CUDA device ready");
-        Ok(Self { ctx, stream, arch, name, blas, modules, functions: Mutex::new(HashMap::new()) })
+        let (functions, pinned) = (Mutex::new(HashMap::new()), Mutex::default());
+        Ok(Self { ctx, stream, arch, name, blas, modules, functions, pinned })
     }
 
     /// Open device 0, or say why not in one log line (the caller stays on the CPU).

@@ -2,19 +2,22 @@
 //! quantized formats (repacked at upload), the KV cache is mirrored on the device
 //! (`kv.rs`), and only the token ids go in and the requested logits come out.
 //!
-//! First version, correctness first: decode rows take the int8 GEMV kernel (8 rows per
-//! launch), long prefill chunks an f32 cuBLAS GEMM on the same int8 values (`gemm.rs`);
+//! Decode rows take the int8 GEMV kernel (8 rows per launch), long prefill chunks the
+//! int8 tensor-core MMQ kernel (`mmq.rs`; or, with `CORRAL_CUDA_MMQ=0`, an f32 cuBLAS
+//! GEMM on the same int8 values, `gemm.rs`);
 //! buffers are allocated per op (stream-ordered, no memsets), and the pass synchronizes
-//! once, at the end, to copy the new K/V and the logits back. No CUDA graphs yet.
+//! once, at the end, to copy the new K/V and the logits back. Decode steps run as CUDA
+//! graphs (`graph.rs`): `begin` and `finish` take and return the step's fixed buffers
+//! when the stream is being captured.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
-use half::f16;
 
 use super::device::{Gpu, drv};
 use super::gemm::gemm_min_rows;
+use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::weights::{DeviceWeights, MatrixBytes};
@@ -26,11 +29,13 @@ use crate::kernels::ops::RopeStyle;
 use crate::model::Row;
 use crate::model::batch::{Spans, split};
 
-/// A GPU, shared by every model loaded on it.
+/// A GPU, shared by every model loaded on it; and one model's captured decode steps
+/// (each model loads its own `CudaBackend`).
 #[derive(Clone)]
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     ordinal: usize,
+    graphs: Arc<Mutex<Graphs>>,
 }
 
 pub struct CudaPass {
@@ -42,16 +47,37 @@ pub struct CudaPass {
     head_dim: usize,
     bases: Vec<f32>,
     kv: KvPlan,
+    /// In a capture: where `finish` leaves the logits (the step's buffer).
+    capture: Option<CudaSlice<f32>>,
 }
 
 impl CudaBackend {
     pub fn open(ordinal: usize) -> Result<Self> {
-        Ok(Self { gpu: Arc::new(Gpu::open(ordinal)?), ordinal })
+        Ok(Self::on(Gpu::open(ordinal)?, ordinal))
     }
 
     /// GPU 0, or `None` with one log line saying why not.
     pub fn try_open_default() -> Option<Self> {
-        Gpu::try_open_default().map(|g| Self { gpu: Arc::new(g), ordinal: 0 })
+        Gpu::try_open_default().map(|g| Self::on(g, 0))
+    }
+
+    fn on(gpu: Gpu, ordinal: usize) -> Self {
+        Self { gpu: Arc::new(gpu), ordinal, graphs: Arc::new(Graphs::new(graphs_wanted())) }
+    }
+
+    /// One forward pass over `rows` by `forward` (the model's), a decode step through
+    /// its CUDA graph.
+    pub(crate) fn step<F>(&self, vocab: usize, rows: &mut [Row<'_>], forward: F) -> Result<Vec<Vec<f32>>>
+    where
+        F: FnMut(&mut [Row<'_>]) -> Result<Vec<Vec<f32>>>,
+    {
+        self.gpu.step(&self.graphs, vocab, rows, forward)
+    }
+
+    /// Turn decode graphs on or off (off drops the captured ones).
+    #[cfg(test)]
+    pub(crate) fn set_graphs(&self, on: bool) {
+        self.graphs.lock().unwrap_or_else(|e| e.into_inner()).set(on);
     }
 
     /// Refuse a model whose weights (GGUF `file_bytes`) cannot fit the free memory.
@@ -93,30 +119,45 @@ impl CudaBackend {
         let k = w[0].k;
         let m = x.len() / k;
         let gemm = runs.iter().any(|r| r.1);
-        // Per activation format: the quantized rows and, for GEMM runs, them in f32.
+        let mmq = gemm && self.gpu.has_mmq();
+        // Per activation format: the quantized rows and, for cuBLAS GEMM runs, them in f32.
         let mut acts: Vec<(DeviceAct, Option<CudaSlice<f32>>)> = Vec::new();
-        let mut out = Vec::with_capacity(N);
         for wi in w {
             let format = Self::act_format(wi)?;
             if !acts.iter().any(|a| a.0.format == format) {
                 let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
                 self.gpu.quantize(x, &mut a)?;
-                let wide = if gemm { Some(self.gpu.dequant_act(&a)?) } else { None };
+                let wide = if gemm && !mmq { Some(self.gpu.dequant_act(&a)?) } else { None };
                 acts.push((a, wide));
             }
-            let (act, wide) =
-                acts.iter().find(|a| a.0.format == format).unwrap_or_else(|| unreachable!("pushed above"));
-            let mut y = self.alloc(m * wi.n)?;
-            for (rows, _) in runs.iter().filter(|r| !r.1) {
-                self.gpu.gemv_rows(wi, act, &mut y, rows.clone())?;
-            }
-            if let Some(xw) = wide {
-                let ww = self.gpu.dequant_f32(wi)?;
-                for (rows, _) in runs.iter().filter(|r| r.1) {
-                    self.gpu.gemm_rows(&ww, (wi.n, k), xw, rows.clone(), &mut y)?;
+        }
+        let act_for = |wi: &DeviceWeights| {
+            acts.iter().find(|a| Some(a.0.format) == ActFormat::for_weights(wi.dtype)).unwrap_or(&acts[0])
+        };
+        let mut out = w.iter().map(|wi| self.alloc(m * wi.n)).collect::<Result<Vec<_>>>()?;
+        // GEMV runs: matrices of one format share a launch.
+        let together = (2..=3).contains(&N) && w.iter().all(|wi| wi.dtype == w[0].dtype);
+        for (rows, _) in runs.iter().filter(|r| !r.1) {
+            if together {
+                self.gpu.gemv_many(&w, &act_for(w[0]).0, &mut out, rows.clone())?;
+            } else {
+                for (wi, y) in w.iter().zip(out.iter_mut()) {
+                    self.gpu.gemv_rows(wi, &act_for(wi).0, y, rows.clone())?;
                 }
             }
-            out.push(y);
+        }
+        for (wi, y) in w.iter().zip(out.iter_mut()) {
+            let (act, wide) = act_for(wi);
+            if mmq {
+                for (rows, _) in runs.iter().filter(|r| r.1) {
+                    self.gpu.mmq_rows(wi, act, y, rows.clone())?;
+                }
+            } else if let Some(xw) = wide {
+                let ww = self.gpu.dequant_f32(wi)?;
+                for (rows, _) in runs.iter().filter(|r| r.1) {
+                    self.gpu.gemm_rows(&ww, (wi.n, k), xw, rows.clone(), y)?;
+                }
+            }
         }
         Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
     }
@@ -162,19 +203,29 @@ impl Backend for CudaBackend {
 
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CudaPass> {
         let spans = Spans::of(rows);
-        let tokens: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
-        let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
-        let kv = self.gpu.plan_kv(&mut caches)?;
-        let ids = self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?;
+        let captured = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).take_capturing();
+        let (ids, kv, capture) = match captured {
+            // The step's buffers were filled before the capture began.
+            Some(Step { ids, kv, logits }) => (ids, kv, Some(logits)),
+            None => {
+                let tokens: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
+                let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
+                let kv = self.gpu.plan_kv(&mut caches)?;
+                (self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?, kv, None)
+            }
+        };
         let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
         for &(at, n, _) in spans.each() {
-            let gemm = n >= gemm_min_rows() && self.gpu.has_gemm();
+            let gemm = n >= gemm_min_rows() && (self.gpu.has_mmq() || self.gpu.has_gemm());
             match runs.last_mut() {
                 Some((r, g)) if *g == gemm && r.end == at => r.end = at + n,
                 _ => runs.push((at..at + n, gemm)),
             }
         }
-        Ok(CudaPass { spans, runs, ids, head_dim, bases: rope_bases.to_vec(), kv })
+        if capture.is_some() && runs.iter().any(|r| r.1) {
+            return Err(Error::Cuda { op: "capture", reason: "a decode step took the GEMM".into() });
+        }
+        Ok(CudaPass { spans, runs, ids, head_dim, bases: rope_bases.to_vec(), kv, capture })
     }
 
     fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {
@@ -250,31 +301,25 @@ impl Backend for CudaBackend {
         lm_head: &DeviceWeights,
     ) -> Result<Vec<Vec<f32>>> {
         let (hidden, vocab) = (norm.len(), lm_head.n);
+        if let Some(mut out) = p.capture {
+            // Every row is one token that wants logits: no gather, no download here.
+            let h = self.rms_norm(x, norm, eps)?;
+            let [y] = self.matmul_runs(&[(0..p.kv.total, false)], [lm_head], &h)?;
+            self.gpu.stream.memcpy_dtod(&y, &mut out).map_err(drv("copy logits"))?;
+            let step = Step { ids: p.ids, kv: p.kv, logits: out };
+            self.graphs.lock().unwrap_or_else(|e| e.into_inner()).put_captured(step);
+            return Ok(Vec::new());
+        }
         let (picked, counts) = p.spans.logit_rows(rows);
-        let logits = if picked.is_empty() {
-            Vec::new()
+        let y = if picked.is_empty() {
+            None
         } else {
             let h = self.gpu.gather_rows(x, &picked, hidden)?;
             let h = self.rms_norm(&h, norm, eps)?;
             let [y] = self.matmul_runs(&[(0..picked.len(), false)], [lm_head], &h)?;
-            self.gpu.stream.clone_dtoh(&y).map_err(drv("download logits"))?
+            Some(y)
         };
-        let stage: Vec<f16> = self.gpu.stream.clone_dtoh(&p.kv.stage).map_err(drv("download KV"))?;
-        self.gpu.synchronize()?;
-        let (total, d) = (p.kv.total, p.kv.kv_dim);
-        for (r, &(at, n, pos0)) in rows.iter_mut().zip(p.spans.each()) {
-            for layer in 0..r.cache.shape().n_layers {
-                let plane = |which: usize| &stage[((layer * 2 + which) * total + at) * d..][..n * d];
-                r.cache.write_f16(layer, pos0, plane(0), plane(1));
-            }
-        }
-        p.spans.commit(rows);
-        for r in rows.iter_mut() {
-            let len = r.cache.len();
-            if let Some(m) = r.cache.mirror_mut() {
-                m.len = len;
-            }
-        }
+        let logits = self.gpu.land(rows, &p.spans, &p.kv, y.as_ref())?;
         Ok(split(logits, &counts, vocab))
     }
 }

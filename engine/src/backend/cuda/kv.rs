@@ -23,6 +23,17 @@ pub(crate) struct DeviceKv {
     cap: usize,
 }
 
+/// A pass's KV layout on the host, before upload.
+#[derive(Default)]
+pub(crate) struct PlanHost {
+    bases: Vec<u64>,
+    caps: Vec<i32>,
+    tok_row: Vec<i32>,
+    tok_pos: Vec<i32>,
+    n_layers: usize,
+    kv_dim: usize,
+}
+
 /// Where each stacked token's K/V goes and is read from, for one pass.
 pub(crate) struct KvPlan {
     bases: CudaSlice<u64>,
@@ -85,31 +96,56 @@ impl Gpu {
     }
 
     /// Sync every row's mirror and lay out the pass: `rows` are `(cache, new tokens)`.
-    pub(crate) fn plan_kv(&self, rows: &mut [(&mut SeqCache, usize)]) -> Result<KvPlan> {
-        let (mut bases, mut caps, mut tok_row, mut tok_pos) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    pub(crate) fn plan_host(&self, rows: &mut [(&mut SeqCache, usize)]) -> Result<PlanHost> {
         let shape = rows.first().map(|r| r.0.shape()).ok_or_else(|| cuda("plan KV", "no rows".into()))?;
+        let mut h = PlanHost { n_layers: shape.n_layers, kv_dim: shape.kv_dim, ..PlanHost::default() };
         for (i, (cache, n)) in rows.iter_mut().enumerate() {
             let pos0 = cache.len();
             let (ptr, cap) = self.sync_mirror(cache, *n)?;
-            bases.push(ptr);
-            caps.push(i32::try_from(cap).map_err(|e| cuda("plan KV", e.to_string()))?);
+            h.bases.push(ptr);
+            h.caps.push(i32::try_from(cap).map_err(|e| cuda("plan KV", e.to_string()))?);
             for p in pos0..pos0 + *n {
-                tok_row.push(i as i32);
-                tok_pos.push(p as i32);
+                h.tok_row.push(i as i32);
+                h.tok_pos.push(p as i32);
             }
         }
-        let total = tok_row.len();
+        Ok(h)
+    }
+
+    /// `plan_host`, uploaded into new buffers.
+    pub(crate) fn plan_kv(&self, rows: &mut [(&mut SeqCache, usize)]) -> Result<KvPlan> {
+        let h = self.plan_host(rows)?;
+        self.upload_plan(&h)
+    }
+
+    /// A plan's buffers, filled from `h`.
+    pub(crate) fn upload_plan(&self, h: &PlanHost) -> Result<KvPlan> {
         let s = &self.stream;
         let up = || drv("upload KV plan");
+        let total = h.tok_row.len();
         Ok(KvPlan {
-            bases: s.clone_htod(&bases).map_err(up())?,
-            caps: s.clone_htod(&caps).map_err(up())?,
-            tok_row: s.clone_htod(&tok_row).map_err(up())?,
-            tok_pos: s.clone_htod(&tok_pos).map_err(up())?,
-            stage: s.alloc_zeros(shape.n_layers * 2 * total * shape.kv_dim).map_err(up())?,
+            bases: s.clone_htod(&h.bases).map_err(up())?,
+            caps: s.clone_htod(&h.caps).map_err(up())?,
+            tok_row: s.clone_htod(&h.tok_row).map_err(up())?,
+            tok_pos: s.clone_htod(&h.tok_pos).map_err(up())?,
+            stage: s.alloc_zeros(h.n_layers * 2 * total * h.kv_dim).map_err(up())?,
             total,
-            kv_dim: shape.kv_dim,
+            kv_dim: h.kv_dim,
         })
+    }
+
+    /// Write `h` into `plan`'s buffers (a plan of the same rows and tokens per row).
+    pub(crate) fn refill_plan(&self, plan: &mut KvPlan, h: &PlanHost) -> Result<()> {
+        if h.tok_row.len() != plan.total || h.bases.len() != plan.bases.len() || h.kv_dim != plan.kv_dim {
+            return Err(cuda("plan KV", "refill with another shape".into()));
+        }
+        let s = &self.stream;
+        let up = || drv("upload KV plan");
+        s.memcpy_htod(&h.bases, &mut plan.bases).map_err(up())?;
+        s.memcpy_htod(&h.caps, &mut plan.caps).map_err(up())?;
+        s.memcpy_htod(&h.tok_row, &mut plan.tok_row).map_err(up())?;
+        s.memcpy_htod(&h.tok_pos, &mut plan.tok_pos).map_err(up())?;
+        Ok(())
     }
 
     /// Write the pass's new K and V (`[T][kv_dim]` f32) for `layer`.
@@ -125,7 +161,11 @@ impl Gpu {
             return Err(cuda("kv_store", format!("K/V have {} / {} values, need {total} x {d}", k.len(), v.len())));
         }
         let f = self.function(&ATTENTION, "kv_store")?;
-        let cfg = LaunchConfig { grid_dim: (total as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (total as u32, d.div_ceil(256) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let (li, di, ti) = (layer as i32, d as i32, total as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(k).arg(v).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
@@ -146,7 +186,7 @@ impl Gpu {
         spec: &AttnSpec,
     ) -> Result<CudaSlice<f32>> {
         let (hd, nh, nkv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
-        if hd > MAX_HEAD_DIM || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
+        if hd > MAX_HEAD_DIM || !hd.is_multiple_of(8) || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
             return Err(cuda("attention", format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
         }
         let mut out = self.stream.alloc_zeros::<f32>(q.len()).map_err(drv("alloc attention"))?;

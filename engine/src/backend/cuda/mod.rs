@@ -10,10 +10,13 @@
 //! checks every op against the CPU op, `tests_model.rs` whole models against the CPU.
 
 mod device;
+mod download;
 pub mod fit;
 mod forward;
 mod gemm;
+mod graph;
 mod kv;
+mod mmq;
 mod ops;
 mod probe;
 pub mod programs;
@@ -23,6 +26,8 @@ mod weights;
 mod tests;
 #[cfg(test)]
 mod tests_kv;
+#[cfg(test)]
+mod tests_mmq;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]

@@ -61,6 +61,29 @@ pub struct DeviceAct {
     pub bsums: CudaSlice<i32>,
 }
 
+/// One matrix of a `gemv3` launch (`Mat` in `gemv.cu`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Mat {
+    qs: u64,
+    d: u64,
+    m: u64,
+    aux: u64,
+    y: u64,
+    n: i32,
+}
+
+// SAFETY: plain integers laid out as the kernel's `Mat` (five pointers and an int).
+unsafe impl cudarc::driver::DeviceRepr for Mat {}
+
+impl Mat {
+    fn of(w: &DeviceWeights, y: u64, s: &cudarc::driver::CudaStream) -> Result<Self> {
+        let p = |b: &CudaSlice<u8>| b.device_ptr(s).0;
+        let f = |b: &CudaSlice<f32>| b.device_ptr(s).0;
+        Ok(Self { qs: p(&w.qs), d: f(&w.d), m: f(&w.m), aux: p(&w.aux), y, n: int(w.n)? })
+    }
+}
+
 fn shape(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
     if ok { Ok(()) } else { Err(Error::Cuda { op: "shape check", reason: what() }) }
 }
@@ -180,6 +203,61 @@ impl Gpu {
         Ok(())
     }
 
+    /// `gemv_rows` for two or three matrices of one format (and width) against the same
+    /// activations, in one launch per 8 rows; `ys[i]` is `[act.rows, ws[i].n]`.
+    pub fn gemv_many(
+        &self,
+        ws: &[&DeviceWeights],
+        act: &DeviceAct,
+        ys: &mut [CudaSlice<f32>],
+        rows: std::ops::Range<usize>,
+    ) -> Result<()> {
+        shape((2..=3).contains(&ws.len()) && ys.len() == ws.len(), || format!("{} matrices", ws.len()))?;
+        let w0 = ws[0];
+        shape(ws.iter().all(|w| w.dtype == w0.dtype && w.k == w0.k), || "matrices of mixed formats".into())?;
+        shape(ActFormat::for_weights(w0.dtype) == Some(act.format) && act.k == w0.k, || {
+            format!("{:?} weights with {:?} activations", w0.dtype, act.format)
+        })?;
+        shape(rows.end <= act.rows, || format!("rows {rows:?} of {}", act.rows))?;
+        for (w, y) in ws.iter().zip(ys.iter()) {
+            shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
+        }
+        let names = ["gemv3_q4_0", "gemv3_q4_1", "gemv3_q5_0", "gemv3_q8_0", "gemv3_q4_k", "gemv3_q6_k"];
+        let f = self.function(&GEMV, names[type_index(w0.dtype)?])?;
+        let kb = w0.k / act.format.block();
+        let kbi = int(kb)?;
+        let total: usize = ws.iter().map(|w| w.n).sum();
+        let cfg = blocks_of(total * 32, 4 * 32)?;
+        let mut mats = Vec::with_capacity(3);
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            let (yp, _) = y.device_ptr_mut(&self.stream);
+            mats.push(Mat::of(w, yp, &self.stream)?);
+        }
+        // A third matrix of no rows when there are two: no warp selects it.
+        let last = Mat { n: 0, ..mats[mats.len() - 1] };
+        mats.resize(3, last);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
+            let ri = int(chunk)?;
+            let shifted: Vec<Mat> =
+                mats.iter().map(|m| Mat { y: m.y + (r0 * m.n as usize * 4) as u64, ..*m }).collect();
+            let aq = act.qs.slice(r0 * w0.k..);
+            let ad = act.d.slice(r0 * kb..);
+            let as_ = act.s.slice(r0 * kb..);
+            let abs = act.bsums.slice(r0 * w0.k / 16..);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&shifted[0]).arg(&shifted[1]).arg(&shifted[2]);
+            b.arg(&aq).arg(&ad).arg(&as_).arg(&abs).arg(&kbi).arg(&ri);
+            // SAFETY: each Mat points at weights of n rows of kb blocks and at an output
+            // holding `chunk` rows of n from row r0 (checked above); the activation views
+            // start at row r0 and hold `chunk` rows.
+            unsafe { b.launch(cfg) }.map_err(drv("gemv3"))?;
+            r0 += chunk;
+        }
+        Ok(())
+    }
+
     /// Quantize `x` (`[act.rows, w.k]`) into `act`, then `gemv` into `y`.
     pub fn matmul(
         &self,
@@ -217,7 +295,10 @@ impl Gpu {
             return Ok(());
         }
         let f = self.function(&OPS, "rms_norm")?;
-        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // Enough threads that each loads a few values: one row's latency is the whole
+        // kernel's when it normalizes a decode step's single row.
+        let threads = width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32;
+        let cfg = LaunchConfig { grid_dim: (int(rows)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let wi = int(width)?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&x).arg(w).arg(&out).arg(&wi).arg(&eps);

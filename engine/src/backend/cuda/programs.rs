@@ -11,12 +11,13 @@ const COMMON: &str = include_str!("kernels/common.cuh");
 
 pub const QUANTIZE: Program = Program { name: "quantize", body: include_str!("kernels/quantize.cu") };
 pub const GEMV: Program = Program { name: "gemv", body: include_str!("kernels/gemv.cu") };
+pub const MMQ: Program = Program { name: "mmq", body: include_str!("kernels/mmq.cu") };
 pub const OPS: Program = Program { name: "ops", body: include_str!("kernels/ops.cu") };
 pub const EMBED: Program = Program { name: "embed", body: include_str!("kernels/embed.cu") };
 pub const ATTENTION: Program = Program { name: "attention", body: include_str!("kernels/attention.cu") };
 
 /// Every program, in load order.
-pub const ALL: [&Program; 5] = [&QUANTIZE, &GEMV, &OPS, &EMBED, &ATTENTION];
+pub const ALL: [&Program; 6] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION];
 
 impl Program {
     /// The full text handed to NVRTC.

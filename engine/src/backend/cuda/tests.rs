@@ -78,7 +78,7 @@ pub(super) fn rel_err(op: &str, gpu: &[f32], cpu: &[f32], bound: f64) -> f64 {
 }
 
 /// Random GGUF bytes for an `[n, k]` matrix with finite, realistic scales.
-fn random_weights(rng: &mut StdRng, dtype: GgmlDType, n: usize, k: usize) -> Vec<u8> {
+pub(super) fn random_weights(rng: &mut StdRng, dtype: GgmlDType, n: usize, k: usize) -> Vec<u8> {
     let per = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) { 256 } else { 32 };
     let mut out = Vec::new();
     let h = |rng: &mut StdRng, lo: f32, hi: f32| f16::from_f32(rng.random_range(lo..hi)).to_le_bytes();
@@ -118,7 +118,7 @@ fn random_weights(rng: &mut StdRng, dtype: GgmlDType, n: usize, k: usize) -> Vec
 
 /// The CPU engine's result for `x · W^T`. Q4_0 goes through candle on the CPU, so its
 /// reference is ggml's arithmetic written out: Q8_0 activations, exact block sums.
-fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub(super) fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     if dtype != GgmlDType::Q4_0 {
         let w = QuantMatMul::from_bytes("w", dtype, bytes, k, n).expect("cpu weights");
         return w.forward(x, m);
@@ -146,12 +146,12 @@ fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k: usize, n: 
     y
 }
 
-const TYPES: [GgmlDType; 6] =
+pub(super) const TYPES: [GgmlDType; 6] =
     [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
 
 /// Bound for every quantized GEMV: integer block sums are exact on both sides, only the
 /// order of the f32 block accumulation differs (measured ~1e-7).
-const GEMV_BOUND: f64 = 2e-6;
+pub(super) const GEMV_BOUND: f64 = 2e-6;
 
 #[test]
 fn cuda_gemv_matches_cpu() {

@@ -4,7 +4,7 @@
 
 // Store each new token's K and V (f32 [T][kv_dim]) for `layer` as f16 into its row's
 // mirror, and into `stage` ([layer][k|v][T][kv_dim]) for the copy back to the host.
-// grid (T), block 256.
+// grid (T, kv_dim / 256 rounded up), block 256.
 extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
                                     const unsigned long long* __restrict__ bases, const int* __restrict__ caps,
                                     const int* __restrict__ tok_row, const int* __restrict__ tok_pos, int layer,
@@ -17,7 +17,8 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
     unsigned short* vd = base + (((size_t)layer * 2 + 1) * cap + tok_pos[t]) * kv_dim;
     unsigned short* ks = stage + (((size_t)layer * 2) * total + t) * kv_dim;
     unsigned short* vs = stage + (((size_t)layer * 2 + 1) * total + t) * kv_dim;
-    for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < kv_dim) {
         const unsigned short kh = f2h(k[(size_t)t * kv_dim + i]);
         const unsigned short vh = f2h(v[(size_t)t * kv_dim + i]);
         kd[i] = kh;
@@ -31,12 +32,29 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 #define ATT_WARPS 4
 #define ATT_MAX_DIM 256
 
+// q . k for one key row: q from shared memory (f16-rounded), k as 16-byte vectors.
+__device__ __forceinline__ float dot_row(const float* sq, const unsigned short* kr, int hd) {
+    float s = 0.0f;
+    for (int i = 0; i < hd; i += 8) {
+        const uint4 v = *(const uint4*)(kr + i);
+        const unsigned short h[8] = {(unsigned short)(v.x & 0xffff), (unsigned short)(v.x >> 16),
+                                     (unsigned short)(v.y & 0xffff), (unsigned short)(v.y >> 16),
+                                     (unsigned short)(v.z & 0xffff), (unsigned short)(v.z >> 16),
+                                     (unsigned short)(v.w & 0xffff), (unsigned short)(v.w >> 16)};
+#pragma unroll
+        for (int e = 0; e < 8; e++) s = fmaf(sq[i + e], h2f(h[e]), s);
+    }
+    return s;
+}
+
 // Causal (optionally windowed) attention, one block per (query token, head), with the
 // CPU's arithmetic where it matters: q rounded to f16, scores q.k * scale in f32, ggml's
-// exp, and each probability exp(s - max) / sum rounded to f16 before it weighs V. The
-// first pass finds the max and the sum (each warp an online softmax over every
-// ATT_WARPS-th visible key, merged); the second recomputes the scores and sums p * V.
-// Lanes split head_dim. grid (T, n_heads), block 32 * ATT_WARPS.
+// exp, and each probability exp(s - max) / sum rounded to f16 before it weighs V. Keys
+// go in chunks of 32, lane l scoring key chunk + l with a whole dot product; the warps
+// take every ATT_WARPS-th chunk. Pass 1 finds the max and the sum (an online softmax
+// per warp, merged); pass 2 recomputes the scores and sums p * V, the lanes splitting
+// head_dim and each chunk's probabilities passed round the warp. head_dim is a multiple
+// of 8. grid (T, n_heads), block 32 * ATT_WARPS.
 extern "C" __global__ void attention(const float* __restrict__ q, float* __restrict__ out,
                                      const unsigned long long* __restrict__ bases, const int* __restrict__ caps,
                                      const int* __restrict__ tok_row, const int* __restrict__ tok_pos, int layer,
@@ -60,16 +78,15 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
 
     // Pass 1: max and sum of exp(s - max).
     float m = NEG_INF, l = 0.0f;
-    for (int j = lo + warp; j <= pos; j += ATT_WARPS) {
-        const unsigned short* kr = K + (size_t)j * kv_dim;
-        float s = 0.0f;
-        for (int i = lane; i < hd; i += 32) s = fmaf(sq[i], h2f(kr[i]), s);
-        s = __fmul_rn(warp_sum(s), scale);
-        if (s > m) {
-            l = m == NEG_INF ? 0.0f : __fmul_rn(l, ggml_expf(m - s));
-            m = s;
+    for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
+        const int j = c + lane;
+        const float s = j <= pos ? __fmul_rn(dot_row(sq, K + (size_t)j * kv_dim, hd), scale) : NEG_INF;
+        const float cm = warp_max(s);
+        if (cm > m) {
+            l = m == NEG_INF ? 0.0f : __fmul_rn(l, ggml_expf(m - cm));
+            m = cm;
         }
-        l += ggml_expf(s - m);
+        l += warp_sum(j <= pos ? ggml_expf(s - m) : 0.0f);
     }
     if (lane == 0) {
         s_m[warp] = m;
@@ -88,17 +105,22 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     float acc[ATT_MAX_DIM / 32];
 #pragma unroll
     for (int c = 0; c < ATT_MAX_DIM / 32; c++) acc[c] = 0.0f;
-    for (int j = lo + warp; j <= pos; j += ATT_WARPS) {
-        const unsigned short* kr = K + (size_t)j * kv_dim;
-        float s = 0.0f;
-        for (int i = lane; i < hd; i += 32) s = fmaf(sq[i], h2f(kr[i]), s);
-        s = __fmul_rn(warp_sum(s), scale);
-        const float p = h2f(f2h(__fmul_rn(ggml_expf(s - mx), inv)));
-        const unsigned short* vr = V + (size_t)j * kv_dim;
+    for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
+        const int j = c + lane;
+        float p = 0.0f;
+        if (j <= pos) {
+            const float s = __fmul_rn(dot_row(sq, K + (size_t)j * kv_dim, hd), scale);
+            p = h2f(f2h(__fmul_rn(ggml_expf(s - mx), inv)));
+        }
+        const int count = min(32, pos - c + 1);
+        for (int kk = 0; kk < count; kk++) {
+            const float pk = __shfl_sync(0xffffffffu, p, kk);
+            const unsigned short* vr = V + (size_t)(c + kk) * kv_dim;
 #pragma unroll
-        for (int c = 0; c < ATT_MAX_DIM / 32; c++) {
-            const int i = lane + 32 * c;
-            if (c < per_lane && i < hd) acc[c] = fmaf(h2f(vr[i]), p, acc[c]);
+            for (int e = 0; e < ATT_MAX_DIM / 32; e++) {
+                const int i = lane + 32 * e;
+                if (e < per_lane && i < hd) acc[e] = fmaf(h2f(vr[i]), pk, acc[e]);
+            }
         }
     }
 #pragma unroll

@@ -50,3 +50,8 @@ __device__ __forceinline__ float ggml_expf(float x) {
     const double pow2 = __longlong_as_double((long long)((int)n + 1023) << 52);
     return (float)((double)j * pow2);
 }
+
+// Spread 4 bits into bit 4 of each of 4 bytes (Q5_0's high bits).
+__device__ __forceinline__ int spread4(u32 b) {
+    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
+}

@@ -20,10 +20,6 @@ struct Args {
 
 __device__ __forceinline__ int sum_bytes(int a) { return __dp4a(a, 0x01010101, 0); }
 
-// Spread 4 bits into bit 4 of each of 4 bytes.
-__device__ __forceinline__ int spread4(u32 b) {
-    return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
-}
 
 // Types: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0 (blocks of 32 against Q8_0/Q8_1 blocks).
 template <int T>
@@ -147,14 +143,14 @@ __device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* 
 }
 
 template <int T>
-__device__ __forceinline__ void gemv(const Args& a) {
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+__device__ __forceinline__ void gemv_at(const Args& a, int row) {
     const int lane = threadIdx.x & 31;
     if (row >= a.n) return;
     float acc[MAXM];
 #pragma unroll
     for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
     const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 4 : a.kb;
+#pragma unroll 4
     for (int it = lane; it < items; it += 32) {
         if (T == 4) item_q4k(a, row, it, acc);
         else if (T == 5) item_q6k(a, row, it, acc);
@@ -172,7 +168,7 @@ __device__ __forceinline__ void gemv(const Args& a) {
                                     const float* as, const int* abs, float* y, int n,       \
                                     int kb, int rows) {                                     \
         const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows};                    \
-        gemv<T>(a);                                                                         \
+        gemv_at<T>(a, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));                 \
     }
 
 GEMV(gemv_q4_0, 0)
@@ -181,3 +177,25 @@ GEMV(gemv_q5_0, 2)
 GEMV(gemv_q8_0, 3)
 GEMV(gemv_q4_k, 4)
 GEMV(gemv_q6_k, 5)
+
+// Up to three matrices of one format against the same activations in one launch (Q, K
+// and V; gate and up): warps past matrix 0's rows take matrix 1's, then matrix 2's.
+struct Mat { const u8* qs; const float* d; const float* m; const u8* aux; float* y; int n; };
+
+#define GEMV3(NAME, T)                                                                      \
+    extern "C" __global__ void NAME(Mat w0, Mat w1, Mat w2, const i8* aq, const float* ad,  \
+                                    const float* as, const int* abs, int kb, int rows) {    \
+        int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                      \
+        Mat w = w0;                                                                         \
+        if (row >= w0.n) { row -= w0.n; w = w1;                                             \
+            if (row >= w1.n) { row -= w1.n; w = w2; } }                                     \
+        const Args a = {w.qs, w.d, w.m, w.aux, aq, ad, as, abs, w.y, w.n, kb, rows};        \
+        gemv_at<T>(a, row);                                                                 \
+    }
+
+GEMV3(gemv3_q4_0, 0)
+GEMV3(gemv3_q4_1, 1)
+GEMV3(gemv3_q5_0, 2)
+GEMV3(gemv3_q8_0, 3)
+GEMV3(gemv3_q4_k, 4)
+GEMV3(gemv3_q6_k, 5)

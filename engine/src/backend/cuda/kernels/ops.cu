@@ -10,6 +10,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     const float* xr = x + (size_t)blockIdx.x * width;
     float* orow = out + (size_t)blockIdx.x * width;
     double s = 0.0;
+#pragma unroll 4
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         const float v = xr[i];
         s += (double)__fmul_rn(v, v);
@@ -27,6 +28,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     __syncthreads();
     const float mean = (float)(part[0] / (double)width);
     const float scale = 1.0f / sqrtf(mean + eps);
+#pragma unroll 4
     for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
