@@ -62,14 +62,12 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let r0 = rows.start;
-        let aq = act.qs.slice(r0 * w.k..);
-        let ad = act.d.slice(r0 * kb..);
-        let as_ = act.s.slice(r0 * kb..);
-        let abs = act.bsums.slice(r0 * w.k / 16..);
+        let a = act.rows_from(r0);
         let mut yv = y.slice_mut(r0 * w.n..);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
-        b.arg(&aq).arg(&ad).arg(&as_).arg(&abs).arg(&mut yv).arg(&n).arg(&kbi).arg(&mi);
+        a.push(&mut b);
+        b.arg(&mut yv).arg(&n).arg(&kbi).arg(&mi);
         // SAFETY: the weights hold n rows of kb blocks in the layout the kernel reads;
         // the activation views start at row r0 and hold m rows; y holds m*n from r0*n.
         // Out-of-range lanes read the last valid row and store nothing.

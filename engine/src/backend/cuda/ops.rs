@@ -2,7 +2,7 @@
 //! on `Gpu`. All ops are queued on the device's one stream; nothing here synchronizes.
 
 use candle_core::quantized::GgmlDType;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
 use super::programs::{EMBED, GEMV, OPS, QUANTIZE};
@@ -105,7 +105,33 @@ pub(crate) fn type_index(dtype: GgmlDType) -> Result<usize> {
         .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
 }
 
+/// Views of a `DeviceAct` from one row on, pushed as a kernel's four activation
+/// arguments (int8 values, scales, Q8_1 sums, Q8_K sums of 16).
+pub(crate) struct ActRows<'a> {
+    qs: CudaView<'a, i8>,
+    d: CudaView<'a, f32>,
+    s: CudaView<'a, f32>,
+    bsums: CudaView<'a, i32>,
+}
+
+impl<'a> ActRows<'a> {
+    pub(crate) fn push(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.qs).arg(&self.d).arg(&self.s).arg(&self.bsums);
+    }
+}
+
 impl DeviceAct {
+    /// The rows from `r0` on.
+    pub(crate) fn rows_from(&self, r0: usize) -> ActRows<'_> {
+        let kb = self.k / self.format.block();
+        ActRows {
+            qs: self.qs.slice(r0 * self.k..),
+            d: self.d.slice(r0 * kb..),
+            s: self.s.slice(r0 * kb..),
+            bsums: self.bsums.slice(r0 * self.k / 16..),
+        }
+    }
+
     pub fn alloc(gpu: &Gpu, format: ActFormat, rows: usize, k: usize) -> Result<Self> {
         shape(k.is_multiple_of(format.block()), || format!("k = {k} is not a multiple of {}", format.block()))?;
         let blocks = rows * k / format.block();
@@ -187,14 +213,12 @@ impl Gpu {
         while r0 < rows.end {
             let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
             let ri = int(chunk)?;
-            let aq = act.qs.slice(r0 * w.k..);
-            let ad = act.d.slice(r0 * kb..);
-            let as_ = act.s.slice(r0 * kb..);
-            let abs = act.bsums.slice(r0 * w.k / 16..);
+            let a = act.rows_from(r0);
             let mut yv = y.slice_mut(r0 * w.n..);
             let mut b = self.stream.launch_builder(&f);
             b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
-            b.arg(&aq).arg(&ad).arg(&as_).arg(&abs).arg(&mut yv).arg(&n).arg(&kbi).arg(&ri);
+            a.push(&mut b);
+            b.arg(&mut yv).arg(&n).arg(&kbi).arg(&ri);
             // SAFETY: weights hold n*kb blocks in the layout the kernel reads; the views
             // start at row r0 and hold `chunk` rows; y holds chunk*n from r0*n.
             unsafe { b.launch(cfg) }.map_err(drv("gemv"))?;
@@ -242,13 +266,11 @@ impl Gpu {
             let ri = int(chunk)?;
             let shifted: Vec<Mat> =
                 mats.iter().map(|m| Mat { y: m.y + (r0 * m.n as usize * 4) as u64, ..*m }).collect();
-            let aq = act.qs.slice(r0 * w0.k..);
-            let ad = act.d.slice(r0 * kb..);
-            let as_ = act.s.slice(r0 * kb..);
-            let abs = act.bsums.slice(r0 * w0.k / 16..);
+            let a = act.rows_from(r0);
             let mut b = self.stream.launch_builder(&f);
             b.arg(&shifted[0]).arg(&shifted[1]).arg(&shifted[2]);
-            b.arg(&aq).arg(&ad).arg(&as_).arg(&abs).arg(&kbi).arg(&ri);
+            a.push(&mut b);
+            b.arg(&kbi).arg(&ri);
             // SAFETY: each Mat points at weights of n rows of kb blocks and at an output
             // holding `chunk` rows of n from row r0 (checked above); the activation views
             // start at row r0 and hold `chunk` rows.

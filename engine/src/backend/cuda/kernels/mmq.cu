@@ -42,6 +42,16 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], int a0, int a1, int b0) {
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
+template <typename T>
+__device__ __forceinline__ void zero(T (&v)[MT][NT][4]) {
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[mi][ni][e] = 0;
+}
+
 // Which rows and activation rows this lane touches.
 struct Tile {
     int g, q;
@@ -113,12 +123,7 @@ __device__ __forceinline__ void mmq32(const MArgs& a) {
     const Tile t = tile(a);
     const size_t K = (size_t)a.kb * 32;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    zero(acc);
     for (int b = 0; b < a.kb; b++) {
         int A[MT][4];
         float dw[MT][2], mw[MT][2];
@@ -166,20 +171,10 @@ __device__ __forceinline__ void mmq_q4k(const MArgs& a) {
     const Tile t = tile(a);
     const size_t K = (size_t)a.kb * 256;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    zero(acc);
     for (int sb = 0; sb < a.kb; sb++) {
         int isum[MT][NT][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) isum[mi][ni][e] = 0;
+        zero(isum);
 #pragma unroll 1
         for (int p = 0; p < 4; p++) {
             u32 xl[MT][2], xh[MT][2];
@@ -255,20 +250,10 @@ __device__ __forceinline__ void mmq_q6k(const MArgs& a) {
     const Tile t = tile(a);
     const size_t K = (size_t)a.kb * 256;
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mi][ni][e] = 0.0f;
+    zero(acc);
     for (int sb = 0; sb < a.kb; sb++) {
         int isum[MT][NT][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-            for (int ni = 0; ni < NT; ni++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) isum[mi][ni][e] = 0;
+        zero(isum);
 #pragma unroll 1
         for (int G = 0; G < 16; G++) {
             const int j = G >> 3, k = (G >> 1) & 3, h16 = G & 1;
