@@ -19,6 +19,15 @@ use crate::kernels::AttnSpec;
 use crate::kernels::ops::RopeStyle;
 use crate::model::Row;
 
+/// The gated activation of an MLP: `gate(g) * u`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// SwiGLU (llama).
+    Silu,
+    /// GeGLU, tanh form (gemma).
+    Gelu,
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// Activations `[rows][width]` for the pass's stacked rows.
     type Act;
@@ -55,6 +64,34 @@ pub trait Backend: Send + Sync + 'static {
         w: [&Self::Matrix; N],
         x: &Self::Act,
     ) -> Result<[Self::Act; N]>;
+    /// `matmul_many` of `rms_norm(x, norm, eps)`; a backend may fuse the norm into the
+    /// quantization of the matmul's input (the values must be the unfused ones).
+    fn norm_matmul_many<const N: usize>(
+        &self,
+        p: &Self::Pass,
+        x: &Self::Act,
+        norm: &Self::Vector,
+        eps: f32,
+        w: [&Self::Matrix; N],
+    ) -> Result<[Self::Act; N]> {
+        let h = self.rms_norm(x, norm, eps)?;
+        self.matmul_many(p, w, &h)
+    }
+    /// `matmul` of `gate(g) * u` (fusable likewise).
+    fn gated_matmul(
+        &self,
+        p: &Self::Pass,
+        mut g: Self::Act,
+        u: &Self::Act,
+        gate: Gate,
+        w: &Self::Matrix,
+    ) -> Result<Self::Act> {
+        match gate {
+            Gate::Silu => self.silu_mul(&mut g, u)?,
+            Gate::Gelu => self.gelu_mul(&mut g, u)?,
+        }
+        self.matmul(p, w, &g)
+    }
     /// Rotate `x` (`[T][heads][head_dim]`) by rotary table `table` of the pass.
     fn rope(&self, p: &Self::Pass, x: &mut Self::Act, heads: usize, table: usize, style: RopeStyle) -> Result<()>;
     /// Write each row's new K/V for `layer`, then attend each row's queries over its own

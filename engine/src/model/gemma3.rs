@@ -4,7 +4,7 @@
 //! queries scaled by 1/sqrt(head_dim). GGUF norm weights already include Gemma's +1.
 //! Written once over `Backend` ops; runs on the CPU or a GPU.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Gate};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
@@ -85,8 +85,7 @@ impl<B: Backend> Architecture for Gemma3<B> {
         for (il, l) in self.layers.iter().enumerate() {
             let swa = c.is_swa[il];
             let rope = if swa { LOCAL } else { GLOBAL };
-            let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
-            let [mut q, mut k, v] = b.matmul_many(&p, [&l.wq, &l.wk, &l.wv], &h)?;
+            let [mut q, mut k, v] = b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, [&l.wq, &l.wk, &l.wv])?;
             b.rms_norm_inplace(&mut q, &l.q_norm, c.rms_eps)?;
             b.rms_norm_inplace(&mut k, &l.k_norm, c.rms_eps)?;
             b.rope(&p, &mut q, c.n_heads, rope, RopeStyle::Neox)?;
@@ -97,10 +96,8 @@ impl<B: Backend> Architecture for Gemma3<B> {
             b.rms_norm_inplace(&mut o, &l.post_attn_norm, c.rms_eps)?;
             b.add(&mut x, &o)?;
 
-            let h = b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
-            let [mut gate, up] = b.matmul_many(&p, [&l.w_gate, &l.w_up], &h)?;
-            b.gelu_mul(&mut gate, &up)?;
-            let mut d = b.matmul(&p, &l.w_down, &gate)?;
+            let [gate, up] = b.norm_matmul_many(&p, &x, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
+            let mut d = b.gated_matmul(&p, gate, &up, Gate::Gelu, &l.w_down)?;
             b.rms_norm_inplace(&mut d, &l.post_ffn_norm, c.rms_eps)?;
             b.add(&mut x, &d)?;
         }

@@ -2,7 +2,7 @@
 //! pre-norm blocks, RMSNorm, rotary embedding on interleaved pairs, SwiGLU MLP.
 //! Written once over `Backend` ops; runs on the CPU or a GPU.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Gate};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
@@ -66,17 +66,14 @@ impl<B: Backend> Architecture for Llama<B> {
         };
         let mut x = b.embed(&p, &self.ends.embed)?;
         for (il, l) in self.layers.iter().enumerate() {
-            let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
-            let [mut q, mut k, v] = b.matmul_many(&p, [&l.wq, &l.wk, &l.wv], &h)?;
+            let [mut q, mut k, v] = b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, [&l.wq, &l.wk, &l.wv])?;
             b.rope(&p, &mut q, c.n_heads, 0, RopeStyle::Interleaved)?;
             b.rope(&p, &mut k, c.n_kv_heads, 0, RopeStyle::Interleaved)?;
             let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec)?;
             b.add(&mut x, &b.matmul(&p, &l.wo, &a)?)?;
 
-            let h = b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?;
-            let [mut gate, up] = b.matmul_many(&p, [&l.w_gate, &l.w_up], &h)?;
-            b.silu_mul(&mut gate, &up)?;
-            b.add(&mut x, &b.matmul(&p, &l.w_down, &gate)?)?;
+            let [gate, up] = b.norm_matmul_many(&p, &x, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
+            b.add(&mut x, &b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?)?;
         }
         b.finish(p, rows, &x, &self.ends.norm, c.rms_eps, &self.ends.lm_head)
     }

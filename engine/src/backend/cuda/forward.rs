@@ -21,7 +21,7 @@ use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::weights::{DeviceWeights, MatrixBytes};
-use crate::backend::{Backend, DeviceKind};
+use crate::backend::{Backend, DeviceKind, Gate};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
@@ -107,35 +107,60 @@ impl CudaBackend {
             .ok_or_else(|| Error::Cuda { op: "matmul", reason: format!("no CUDA kernel for {:?}", w.dtype) })
     }
 
-    /// `x W^T` for each matrix, run by run of rows: GEMV runs on int8 activations, GEMM
-    /// runs on the same int8 values expanded to f32; activations are quantized once per
-    /// weight format.
+    /// `x W^T` for each matrix, run by run of rows (see `matmul_acts`), `x` quantized
+    /// once per weight format.
     fn matmul_runs<const N: usize>(
         &self,
         runs: &[(Range<usize>, bool)],
         w: [&DeviceWeights; N],
         x: &CudaSlice<f32>,
     ) -> Result<[CudaSlice<f32>; N]> {
-        let k = w[0].k;
-        let m = x.len() / k;
-        let gemm = runs.iter().any(|r| r.1);
-        let mmq = gemm && self.gpu.has_mmq();
-        // Per activation format: the quantized rows and, for cuBLAS GEMM runs, them in f32.
+        let acts = self.acts_for(runs, &w, x.len() / w[0].k, |a| self.gpu.quantize(x, a))?;
+        self.matmul_acts(runs, w, &acts)
+    }
+
+    /// Whether the pass's GEMM runs go to cuBLAS (which wants the f32 input, so nothing
+    /// may be fused into the quantization).
+    fn cublas_runs(&self, runs: &[(Range<usize>, bool)]) -> bool {
+        runs.iter().any(|r| r.1) && !self.gpu.has_mmq()
+    }
+
+    /// One quantized copy of the `m` input rows per activation format the matrices need,
+    /// made by `fill`; with cuBLAS GEMM runs, also expanded back to f32.
+    fn acts_for(
+        &self,
+        runs: &[(Range<usize>, bool)],
+        w: &[&DeviceWeights],
+        m: usize,
+        fill: impl Fn(&mut DeviceAct) -> Result<()>,
+    ) -> Result<Vec<(DeviceAct, Option<CudaSlice<f32>>)>> {
         let mut acts: Vec<(DeviceAct, Option<CudaSlice<f32>>)> = Vec::new();
         for wi in w {
             let format = Self::act_format(wi)?;
             if !acts.iter().any(|a| a.0.format == format) {
-                let mut a = DeviceAct::alloc(&self.gpu, format, m, k)?;
-                self.gpu.quantize(x, &mut a)?;
-                let wide = if gemm && !mmq { Some(self.gpu.dequant_act(&a)?) } else { None };
+                let mut a = DeviceAct::alloc(&self.gpu, format, m, wi.k)?;
+                fill(&mut a)?;
+                let wide = if self.cublas_runs(runs) { Some(self.gpu.dequant_act(&a)?) } else { None };
                 acts.push((a, wide));
             }
         }
+        Ok(acts)
+    }
+
+    /// `x W^T` for each matrix from its quantized input (`acts_for`), run by run of rows:
+    /// GEMV runs (matrices of one format share launches), and GEMM runs on MMQ or on
+    /// cuBLAS with the f32 copy.
+    fn matmul_acts<const N: usize>(
+        &self,
+        runs: &[(Range<usize>, bool)],
+        w: [&DeviceWeights; N],
+        acts: &[(DeviceAct, Option<CudaSlice<f32>>)],
+    ) -> Result<[CudaSlice<f32>; N]> {
         let act_for = |wi: &DeviceWeights| {
             acts.iter().find(|a| Some(a.0.format) == ActFormat::for_weights(wi.dtype)).unwrap_or(&acts[0])
         };
+        let m = acts[0].0.rows;
         let mut out = w.iter().map(|wi| self.alloc(m * wi.n)).collect::<Result<Vec<_>>>()?;
-        // GEMV runs: matrices of one format share a launch.
         let together = (2..=3).contains(&N) && w.iter().all(|wi| wi.dtype == w[0].dtype);
         for (rows, _) in runs.iter().filter(|r| !r.1) {
             if together {
@@ -146,6 +171,7 @@ impl CudaBackend {
                 }
             }
         }
+        let mmq = runs.iter().any(|r| r.1) && self.gpu.has_mmq();
         for (wi, y) in w.iter().zip(out.iter_mut()) {
             let (act, wide) = act_for(wi);
             if mmq {
@@ -155,7 +181,7 @@ impl CudaBackend {
             } else if let Some(xw) = wide {
                 let ww = self.gpu.dequant_f32(wi)?;
                 for (rows, _) in runs.iter().filter(|r| r.1) {
-                    self.gpu.gemm_rows(&ww, (wi.n, k), xw, rows.clone(), y)?;
+                    self.gpu.gemm_rows(&ww, (wi.n, wi.k), xw, rows.clone(), y)?;
                 }
             }
         }
@@ -260,6 +286,42 @@ impl Backend for CudaBackend {
         x: &CudaSlice<f32>,
     ) -> Result<[CudaSlice<f32>; N]> {
         self.matmul_runs(&p.runs, w, x)
+    }
+
+    fn norm_matmul_many<const N: usize>(
+        &self,
+        p: &CudaPass,
+        x: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        w: [&DeviceWeights; N],
+    ) -> Result<[CudaSlice<f32>; N]> {
+        if self.cublas_runs(&p.runs) {
+            let h = self.rms_norm(x, norm, eps)?;
+            return self.matmul_runs(&p.runs, w, &h);
+        }
+        let acts = self.acts_for(&p.runs, &w, x.len() / w[0].k, |a| self.gpu.norm_quantize(x, norm, eps, a))?;
+        self.matmul_acts(&p.runs, w, &acts)
+    }
+
+    fn gated_matmul(
+        &self,
+        p: &CudaPass,
+        mut g: CudaSlice<f32>,
+        u: &CudaSlice<f32>,
+        gate: Gate,
+        w: &DeviceWeights,
+    ) -> Result<CudaSlice<f32>> {
+        if self.cublas_runs(&p.runs) {
+            match gate {
+                Gate::Silu => self.gpu.silu_mul(&mut g, u)?,
+                Gate::Gelu => self.gpu.gelu_mul(&mut g, u)?,
+            }
+            return self.matmul(p, w, &g);
+        }
+        let acts = self.acts_for(&p.runs, &[w], g.len() / w.k, |a| self.gpu.gate_quantize(&g, u, gate, a))?;
+        let [y] = self.matmul_acts(&p.runs, [w], &acts)?;
+        Ok(y)
     }
 
     fn rope(&self, p: &CudaPass, x: &mut CudaSlice<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {

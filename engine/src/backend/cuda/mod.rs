@@ -13,6 +13,7 @@ mod device;
 mod download;
 pub mod fit;
 mod forward;
+mod fused;
 mod gemm;
 mod graph;
 mod kv;

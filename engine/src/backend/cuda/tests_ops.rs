@@ -106,3 +106,47 @@ fn cuda_argmax_takes_first_maximum() {
         println!("argmax rows={rows} n={n}: exact");
     }
 }
+
+/// The fused norm- and gate-quantize kernels leave exactly the quantized activations
+/// the unfused op followed by `quantize` leaves, in every activation format.
+#[test]
+fn cuda_fused_quantize_equals_unfused() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_fused_quantize_equals_unfused");
+    let same = |a: &super::DeviceAct, b: &super::DeviceAct| {
+        let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        assert_eq!(down(g, &a.qs), down(g, &b.qs), "{:?} values", a.format);
+        assert_eq!(bits(down(g, &a.d)), bits(down(g, &b.d)), "{:?} scales", a.format);
+        match a.format {
+            super::ActFormat::Q8K => assert_eq!(down(g, &a.bsums), down(g, &b.bsums), "Q8_K sums"),
+            super::ActFormat::Q8_1 => assert_eq!(bits(down(g, &a.s)), bits(down(g, &b.s)), "Q8_1 sums"),
+            super::ActFormat::Q8_0 => {}
+        }
+    };
+    for format in [super::ActFormat::Q8_0, super::ActFormat::Q8_1, super::ActFormat::Q8K] {
+        for (rows, width) in [(1, 2048), (5, 4096), (3, 1536)] {
+            let x = up(g, &randn(&mut rng, rows * width, 3.0));
+            let w = up(g, &randn(&mut rng, width, 1.0));
+            let alloc = || super::DeviceAct::alloc(g, format, rows, width).expect("alloc");
+            let (mut fused, mut plain) = (alloc(), alloc());
+            g.norm_quantize(&x, &w, 1e-6, &mut fused).expect("norm_quantize");
+            let mut h = nans(g, rows * width);
+            g.rms_norm(&x, &w, &mut h, 1e-6).expect("rms_norm");
+            g.quantize(&h, &mut plain).expect("quantize");
+            same(&fused, &plain);
+            for gate in [crate::backend::Gate::Silu, crate::backend::Gate::Gelu] {
+                let u = up(g, &randn(&mut rng, rows * width, 1.0));
+                let (mut fused, mut plain) = (alloc(), alloc());
+                g.gate_quantize(&x, &u, gate, &mut fused).expect("gate_quantize");
+                let mut gx = up(g, &down(g, &x));
+                match gate {
+                    crate::backend::Gate::Silu => g.silu_mul(&mut gx, &u).expect("silu_mul"),
+                    crate::backend::Gate::Gelu => g.gelu_mul(&mut gx, &u).expect("gelu_mul"),
+                }
+                g.quantize(&gx, &mut plain).expect("quantize");
+                same(&fused, &plain);
+            }
+        }
+        println!("fused quantize {format:?}: identical to the unfused ops");
+    }
+}

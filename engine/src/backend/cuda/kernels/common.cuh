@@ -55,3 +55,44 @@ __device__ __forceinline__ float ggml_expf(float x) {
 __device__ __forceinline__ int spread4(u32 b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
+
+// x / rms(x) scale of one row, as the CPU: f64 sum of f32 squares, mean rounded to f32,
+// 1 / sqrt(mean + eps). Every thread of the block calls it and gets the scale.
+__device__ __forceinline__ float block_rms_scale(const float* __restrict__ xr, int width, float eps) {
+    __shared__ double part[32];
+    double s = 0.0;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        s += (double)__fmul_rn(v, v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    const float mean = (float)(part[0] / (double)width);
+    return 1.0f / sqrtf(mean + eps);
+}
+
+// silu(a) * u: ggml's exp where the CPU vectorizes (`simd`), libm's on the tail.
+__device__ __forceinline__ float silu_val(float a, float u, bool simd) {
+    const float e = simd ? ggml_expf(0.0f - a) : expf(-a);
+    return __fmul_rn(a / (1.0f + e), u);
+}
+
+// gelu(x) * u, gelu evaluated at f16(x) and rounded to f16 (ggml's table).
+__device__ __forceinline__ float gelu_val(float x, float u) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return __fmul_rn(x, u);
+    const float h = h2f(f2h(x));
+    const float inner = __fmul_rn(__fmul_rn(0.7978846f, h), fmaf(__fmul_rn(0.044715f, h), h, 1.0f));
+    const float gl = h2f(f2h(__fmul_rn(__fmul_rn(0.5f, h), 1.0f + tanhf(inner))));
+    return __fmul_rn(gl, u);
+}

@@ -6,28 +6,9 @@
 // One block per row.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ out, int width, float eps) {
-    __shared__ double part[32];
     const float* xr = x + (size_t)blockIdx.x * width;
     float* orow = out + (size_t)blockIdx.x * width;
-    double s = 0.0;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const float v = xr[i];
-        s += (double)__fmul_rn(v, v);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        double t = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (threadIdx.x == 0) part[0] = t;
-    }
-    __syncthreads();
-    const float mean = (float)(part[0] / (double)width);
-    const float scale = 1.0f / sqrtf(mean + eps);
+    const float scale = block_rms_scale(xr, width, eps);
 #pragma unroll 4
     for (int i = threadIdx.x; i < width; i += blockDim.x) orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
@@ -51,29 +32,13 @@ extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ p
 // g = silu(g) * u over n values; the first `simd` take ggml's exp, the tail libm's.
 extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restrict__ u, int n, int simd) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float a = g[i];
-    const float e = i < simd ? ggml_expf(0.0f - a) : expf(-a);
-    g[i] = __fmul_rn(a / (1.0f + e), u[i]);
+    if (i < n) g[i] = silu_val(g[i], u[i], i < simd);
 }
 
-// g = gelu(g) * u, gelu evaluated at f16(x) and rounded to f16 (ggml's table).
+// g = gelu(g) * u.
 extern "C" __global__ void gelu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float x = g[i];
-    float out;
-    if (x <= -10.0f) {
-        out = 0.0f;
-    } else if (x >= 10.0f) {
-        out = __fmul_rn(x, u[i]);
-    } else {
-        const float h = h2f(f2h(x));
-        const float inner = __fmul_rn(__fmul_rn(0.7978846f, h), fmaf(__fmul_rn(0.044715f, h), h, 1.0f));
-        const float gl = h2f(f2h(__fmul_rn(__fmul_rn(0.5f, h), 1.0f + tanhf(inner))));
-        out = __fmul_rn(gl, u[i]);
-    }
-    g[i] = out;
+    if (i < n) g[i] = gelu_val(g[i], u[i]);
 }
 
 extern "C" __global__ void add_inplace(float* __restrict__ x, const float* __restrict__ y, int n) {

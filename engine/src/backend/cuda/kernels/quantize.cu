@@ -3,41 +3,29 @@
 // Q8_1 also f16(d * sum(q))), and Q8_K super-blocks of 256 (iscale = -127/max where max
 // is the first value of largest magnitude, d = 1/iscale as f32, sums of 16).
 
-// One warp per block of 32; lane l owns value l. `with_sum` selects Q8_1.
-extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __restrict__ qs,
-                                          float* __restrict__ d_out, float* __restrict__ s_out,
-                                          int nblocks, int with_sum) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= nblocks) return;
-    const float v = x[(size_t)warp * 32 + lane];
+// One block of 32 (warp-wide): lane l holds value l. `with_sum` selects Q8_1.
+__device__ __forceinline__ void quant32(float v, int lane, size_t blk, i8* __restrict__ qs,
+                                        float* __restrict__ d_out, float* __restrict__ s_out, int with_sum) {
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int q = __float2int_rn(__fmul_rn(v, id));
     q = max(-128, min(127, q));
-    qs[(size_t)warp * 32 + lane] = (i8)q;
+    qs[blk * 32 + lane] = (i8)q;
     const int sum = warp_sum_i(q);
     if (lane == 0) {
-        d_out[warp] = h2f(f2h(d));
-        s_out[warp] = with_sum ? h2f(f2h(__fmul_rn(d, (float)sum))) : 0.0f;
+        d_out[blk] = h2f(f2h(d));
+        s_out[blk] = with_sum ? h2f(f2h(__fmul_rn(d, (float)sum))) : 0.0f;
     }
 }
 
-// One warp per super-block of 256; lane l owns values 8l..8l+8 (half of sum group l/2).
-extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __restrict__ qs,
-                                         float* __restrict__ d_out, int* __restrict__ bsums,
-                                         int nblocks) {
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (warp >= nblocks) return;
-    const float* xb = x + (size_t)warp * 256 + lane * 8;
-    float v[8];
+// One super-block of 256 (warp-wide): lane l holds values 8l..8l+8 (half of sum group l/2).
+__device__ __forceinline__ void quant256(const float (&v)[8], int lane, size_t blk, i8* __restrict__ qs,
+                                         float* __restrict__ d_out, int* __restrict__ bsums) {
     float amax = 0.0f, maxv = 0.0f;
     int idx = 0x7fffffff;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        v[i] = xb[i];
         if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); maxv = v[i]; idx = lane * 8 + i; }
     }
     // The first value of largest magnitude wins, as in the CPU's sequential scan.
@@ -48,12 +36,12 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
         const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
         if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; maxv = m2; idx = i2; }
     }
-    i8* qb = qs + (size_t)warp * 256 + lane * 8;
+    i8* qb = qs + blk * 256 + lane * 8;
     if (amax == 0.0f) {
 #pragma unroll
         for (int i = 0; i < 8; i++) qb[i] = 0;
-        if (lane == 0) d_out[warp] = 0.0f;
-        if ((lane & 1) == 0) bsums[(size_t)warp * 16 + lane / 2] = 0;
+        if (lane == 0) d_out[blk] = 0.0f;
+        if ((lane & 1) == 0) bsums[blk * 16 + lane / 2] = 0;
         return;
     }
     const float iscale = -127.0f / maxv;
@@ -65,6 +53,79 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
         s += q;
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if ((lane & 1) == 0) bsums[(size_t)warp * 16 + lane / 2] = s;
-    if (lane == 0) d_out[warp] = 1.0f / iscale;
+    if ((lane & 1) == 0) bsums[blk * 16 + lane / 2] = s;
+    if (lane == 0) d_out[blk] = 1.0f / iscale;
+}
+
+// One warp per block of 32.
+extern "C" __global__ void quantize_q8_32(const float* __restrict__ x, i8* __restrict__ qs,
+                                          float* __restrict__ d_out, float* __restrict__ s_out,
+                                          int nblocks, int with_sum) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= nblocks) return;
+    quant32(x[(size_t)warp * 32 + lane], lane, warp, qs, d_out, s_out, with_sum);
+}
+
+// One warp per super-block of 256.
+extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __restrict__ qs,
+                                         float* __restrict__ d_out, int* __restrict__ bsums,
+                                         int nblocks) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= nblocks) return;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = x[(size_t)warp * 256 + lane * 8 + i];
+    quant256(v, lane, warp, qs, d_out, bsums);
+}
+
+// Fused: RMSNorm of each row (one block a row, as `rms_norm`) straight into its
+// quantized blocks, the normalized values never stored. `block` is 32 (Q8_0/Q8_1) or
+// 256 (Q8_K; `s_out` is then the bsums, as int).
+extern "C" __global__ void norm_quantize(const float* __restrict__ x, const float* __restrict__ w, int width,
+                                         float eps, int block, i8* __restrict__ qs, float* __restrict__ d_out,
+                                         float* __restrict__ s_out, int with_sum) {
+    const float* xr = x + (size_t)blockIdx.x * width;
+    const float scale = block_rms_scale(xr, width, eps);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int per_row = width / block;
+    for (int b = warp; b < per_row; b += warps) {
+        const size_t blk = (size_t)blockIdx.x * per_row + b;
+        if (block == 32) {
+            const int i = b * 32 + lane;
+            quant32(__fmul_rn(__fmul_rn(xr[i], scale), w[i]), lane, blk, qs, d_out, s_out, with_sum);
+        } else {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int i = b * 256 + lane * 8 + e;
+                v[e] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+            }
+            quant256(v, lane, blk, qs, d_out, (int*)s_out);
+        }
+    }
+}
+
+// Fused: the gated activation (gelu = 0: silu(g) * u, ggml's exp below `simd`; 1:
+// gelu(g) * u) straight into quantized blocks; one warp per block of `block` values.
+extern "C" __global__ void gate_quantize(const float* __restrict__ g, const float* __restrict__ u, int nblocks,
+                                         int simd, int gelu, int block, i8* __restrict__ qs,
+                                         float* __restrict__ d_out, float* __restrict__ s_out, int with_sum) {
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= nblocks) return;
+    if (block == 32) {
+        const size_t i = (size_t)warp * 32 + lane;
+        const float v = gelu ? gelu_val(g[i], u[i]) : silu_val(g[i], u[i], i < (size_t)simd);
+        quant32(v, lane, warp, qs, d_out, s_out, with_sum);
+    } else {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const size_t i = (size_t)warp * 256 + lane * 8 + e;
+            v[e] = gelu ? gelu_val(g[i], u[i]) : silu_val(g[i], u[i], i < (size_t)simd);
+        }
+        quant256(v, lane, warp, qs, d_out, (int*)s_out);
+    }
 }

@@ -1,0 +1,86 @@
+//! Quantization fused into the op before a matmul (`kernels/quantize.cu`): RMSNorm, or
+//! the gated activation of the MLP, computed and quantized in one kernel, the f32 values
+//! never stored. Each value is computed by the same device code as the unfused op and
+//! quantized by the same code as `quantize`, so the quantized activations are the ones
+//! the two launches would make (tested bit for bit).
+
+use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+use super::device::{Gpu, drv};
+use super::ops::{ActFormat, DeviceAct};
+use super::programs::QUANTIZE;
+use crate::backend::Gate;
+use crate::error::{Error, Result};
+
+fn bad(reason: String) -> Error {
+    Error::Cuda { op: "fused quantize", reason }
+}
+
+fn int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| bad(format!("{v} exceeds i32")))
+}
+
+impl DeviceAct {
+    /// The block size, whether Q8_1 sums are wanted, and where the kernel's last array
+    /// goes: Q8_1 sums (f32) or, for Q8_K, the sums of 16 (i32).
+    fn fused_args(&mut self, s: &cudarc::driver::CudaStream) -> (i32, i32, u64) {
+        let sums = match self.format {
+            ActFormat::Q8K => self.bsums.device_ptr_mut(s).0,
+            _ => self.s.device_ptr_mut(s).0,
+        };
+        (self.format.block() as i32, i32::from(self.format == ActFormat::Q8_1), sums)
+    }
+}
+
+impl Gpu {
+    /// `act` = the quantized rows of `rms_norm(x, w, eps)` (`x` is `[act.rows][act.k]`).
+    pub fn norm_quantize(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32, act: &mut DeviceAct) -> Result<()> {
+        let width = act.k;
+        if w.len() != width || x.len() != act.rows * width {
+            return Err(bad(format!("x {} / w {} values for {} rows of {width}", x.len(), w.len(), act.rows)));
+        }
+        if act.rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "norm_quantize")?;
+        let threads = (width / act.format.block() * 32).clamp(32, 1024) as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (int(act.rows)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let (block, with_sum, sums) = act.fused_args(&self.stream);
+        let (qs, d) = (act.qs.device_ptr_mut(&self.stream).0, act.d.device_ptr_mut(&self.stream).0);
+        let wi = int(width)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(w).arg(&wi).arg(&eps).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
+        // SAFETY: x holds rows*width values, w width; the activation arrays were sized for
+        // rows*width values of this format by DeviceAct::alloc.
+        unsafe { b.launch(cfg) }.map_err(drv("norm_quantize"))?;
+        Ok(())
+    }
+
+    /// `act` = the quantized values of `gate(g) * u` over the whole buffers.
+    pub fn gate_quantize(&self, g: &CudaSlice<f32>, u: &CudaSlice<f32>, gate: Gate, act: &mut DeviceAct) -> Result<()> {
+        let n = act.rows * act.k;
+        if g.len() != n || u.len() < n {
+            return Err(bad(format!("g {} / u {} values, need {n}", g.len(), u.len())));
+        }
+        let nblocks = n / act.format.block();
+        if nblocks == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "gate_quantize")?;
+        let cfg = LaunchConfig {
+            grid_dim: (int(nblocks.div_ceil(8))? as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (block, with_sum, sums) = act.fused_args(&self.stream);
+        let (qs, d) = (act.qs.device_ptr_mut(&self.stream).0, act.d.device_ptr_mut(&self.stream).0);
+        // As `silu_mul`: ggml's exp on whole groups of 16 of the buffer, libm's on the tail.
+        let (nb, simd, gelu) = (int(nblocks)?, int(n & !15)?, i32::from(gate == Gate::Gelu));
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(g).arg(u).arg(&nb).arg(&simd).arg(&gelu).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
+        // SAFETY: g and u hold n values; the activation arrays were sized for n values.
+        unsafe { b.launch(cfg) }.map_err(drv("gate_quantize"))?;
+        Ok(())
+    }
+}
