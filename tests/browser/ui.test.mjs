@@ -1,7 +1,8 @@
 // corral's web UI in a real browser (Debian's headless Chromium) against a real
-// `corral serve` over the two test models: chat streaming, stopping an answer, switching
-// models, the engines page following load and unload, and an engine killed with SIGKILL
-// mid-answer. Steps run in order on one page; screenshots go to target/browser/.
+// `corral serve` over the two test models (a pool of one): chat streaming, stopping an
+// answer, switching models, structured output and tool calls, the engines page following
+// a load and an unload, and an engine killed with SIGKILL mid-answer. Steps run in order
+// on one page; screenshots and the server's log go to target/browser/.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -171,19 +172,65 @@ test('conversations are kept in the browser across a reload', async () => {
   assert.equal(await page.$eval('#model', (s) => s.value), GEMMA, 'the conversation remembers its model');
 });
 
+test('structured output and tool calls are shown as such, in a new conversation', async () => {
+  await page.click('#new-chat');
+  assert.equal(await page.$$eval('#conv-list li', (li) => li.length), 2);
+  await page.selectOption('#model', SMOL);
+  await page.click('#settings-toggle');
+  await page.fill('#set-max_tokens', '200');
+  await page.selectOption('#set-format', 'json_schema');
+  const schema = { type: 'object', properties: { color: { type: 'string', maxLength: 12 } }, required: ['color'], additionalProperties: false };
+  await page.fill('#set-schema', JSON.stringify(schema));
+  await page.click('#settings-toggle');
+  await send('Name a color.');
+  const a = await finishedAnswer(MINUTE);
+  assert.equal(a.error, '', a.error);
+  const json = await page.$eval(`${last} .json pre`, (el) => el.textContent);
+  assert.equal(typeof JSON.parse(json).color, 'string', json);
+
+  const tool = {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'The weather in a city',
+      parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 20 } }, required: ['city'], additionalProperties: false },
+    },
+  };
+  await page.click('#settings-toggle');
+  await page.selectOption('#set-format', '');
+  await page.fill('#set-tools', JSON.stringify([tool]));
+  await page.selectOption('#set-tool-choice', 'required');
+  await page.click('#settings-toggle');
+  await send('What is the weather in Paris?');
+  const b = await finishedAnswer(MINUTE);
+  assert.equal(b.error, '', b.error);
+  const call = await page.$eval(`${last} .tool-call`, (el) => ({ name: el.querySelector('.label code').textContent, args: el.querySelector('pre').textContent }));
+  assert.equal(call.name, 'get_weather');
+  assert.equal(typeof JSON.parse(call.args).city, 'string', call.args);
+  assert.match(b.stats, /tool_calls$/, b.stats);
+  await shot('4-chat-structured-and-tools');
+
+  // Reset all: nothing but the model and the messages is sent again.
+  await page.click('#settings-toggle');
+  await page.click('#settings button.link');
+  assert.equal(await page.inputValue('#set-tools'), '');
+  await page.click('#settings-toggle');
+  assert.equal(await page.textContent('#settings-toggle'), 'Settings');
+});
+
 test('the engines page shows both engines and follows them through a load', async () => {
   await page.click('#nav-engines');
   await page.waitForSelector('#engines:not([hidden]) article.engine');
-  await waitCard(GEMMA, 'ready');
-  await waitCard(SMOL, 'stopped'); // a pool of one: Gemma's arrival evicted SmolLM2
-  const gemma = await server.engineOf(GEMMA);
-  assert.equal(await fact(GEMMA, 'pid'), String(gemma.pid));
-  await shot('4-engines-gemma');
-  await page.click(`article.engine[data-model="${SMOL}"] button.load`);
   await waitCard(SMOL, 'ready');
-  await waitCard(GEMMA, 'stopped');
-  assert.equal(await fact(GEMMA, 'pid'), '–');
-  await shot('5-engines-smol-loaded');
+  await waitCard(GEMMA, 'stopped'); // a pool of one: SmolLM2's return evicted Gemma
+  const smol = await server.engineOf(SMOL);
+  assert.equal(await fact(SMOL, 'pid'), String(smol.pid));
+  await shot('5-engines-smollm2');
+  await page.click(`article.engine[data-model="${GEMMA}"] button.load`);
+  await waitCard(GEMMA, 'ready');
+  await waitCard(SMOL, 'stopped');
+  assert.equal(await fact(SMOL, 'pid'), '–');
+  await shot('6-engines-gemma-loaded');
 });
 
 test('an engine killed mid-answer is reported, and the next message brings it back', async () => {
@@ -196,13 +243,13 @@ test('an engine killed mid-answer is reported, and the next message brings it ba
   process.kill(pid, 'SIGKILL');
   const a = await finishedAnswer(15_000);
   assert.match(a.error, /engine stopped while answering .*restarts on your next message/, a.error);
-  await shot('6-chat-engine-killed');
+  await shot('7-chat-engine-killed');
 
   await page.click('#nav-engines');
   await waitCard(SMOL, 'crashed', 15_000);
   const exit = await page.$eval(`article.engine[data-model="${SMOL}"] .last-exit summary`, (el) => el.textContent);
   assert.match(exit, /signal 9 \(SIGKILL\)/, exit);
-  await shot('7-engines-crashed');
+  await shot('8-engines-crashed');
 
   await page.click('#nav-chat');
   await setMaxTokens(48);
@@ -214,7 +261,7 @@ test('an engine killed mid-answer is reported, and the next message brings it ba
   await waitCard(SMOL, 'ready');
   assert.equal(await fact(SMOL, 'restarts'), '1');
   assert.notEqual(await fact(SMOL, 'pid'), String(pid));
-  await shot('8-engines-recovered');
+  await shot('9-engines-recovered');
 });
 
 test('unloading from the engines page stops the engine, and dark mode renders', async () => {
@@ -222,8 +269,8 @@ test('unloading from the engines page stops the engine, and dark mode renders', 
   await waitCard(SMOL, 'stopped');
   assert.deepEqual((await server.json('/engine')).pool.resident, []);
   await page.emulateMedia({ colorScheme: 'dark' });
-  await shot('9-engines-dark');
+  await shot('10-engines-dark');
   await page.click('#nav-chat');
-  await shot('10-chat-dark');
+  await shot('11-chat-dark');
   assert.deepEqual(pageErrors, [], 'no script errors on the page');
 });
