@@ -1,7 +1,9 @@
 //! The gateway's routes, parsed once per request into a `Route`: which handler runs, the
 //! methods it allows, the API shape its errors are written in, the label it is counted
 //! under, and the request's tracing span. `/admin/*` exists only on engine sockets and
-//! is never served here.
+//! is never served here. The web UI (`/`, `/ui/{file}`) and the model controls
+//! (`/api/models/{id}/load|unload`) enter through the same table as the API, so they are
+//! counted, traced and guarded the same way.
 
 use std::sync::Arc;
 
