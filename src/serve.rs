@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// Stored Responses older than this are dropped (e.g. 30d, 12h).
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     responses_ttl: Duration,
+    /// Do not open the chat page in a browser at start (it is opened only when stdin and
+    /// stdout are both a terminal, never under a service manager or a pipe).
+    #[arg(long, env = "CORRAL_NO_OPEN")]
+    no_open: bool,
     /// Accepted for mlx-bun command lines: every engine is already its own process.
     #[arg(long, hide = true)]
     isolate: bool,
@@ -189,6 +193,12 @@ fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Started by a person at a terminal (not a service manager, a pipe or a test).
+fn interactive() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+}
+
 pub fn serve(args: ServeArgs) -> Result<i32> {
     if args.isolate {
         tracing::debug!("--isolate: every engine is its own process already");
@@ -249,6 +259,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
             max_bytes: (args.responses_max_mb.max(0.0) * 1e6) as u64,
             ttl: args.responses_ttl,
         },
+        open_ui: !args.no_open && interactive(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {

@@ -32,6 +32,8 @@ pub struct GatewayConfig {
     pub preload: Vec<String>,
     /// Stored Responses (`previous_response_id`).
     pub responses: StoreConfig,
+    /// Open the chat page in a browser once listening (an interactive start).
+    pub open_ui: bool,
 }
 
 pub struct App {

@@ -8,13 +8,17 @@
 //! with `proxy_error` (what can fail and what follows) and `body` (pass-through bodies),
 //! `monitor` (`/stats`), `stats` (counters), `stored` (the Responses store: bounds and
 //! persistence) with `stored_routes` (`previous_response_id` expansion, capturing
-//! answers, `GET`/`DELETE /v1/responses/{id}`), `server` (process lifetime and shutdown).
+//! answers, `GET`/`DELETE /v1/responses/{id}`), `ui` (the web UI's embedded files),
+//! `model_controls` (`POST /api/models/{id}/load|unload`), `open` (the browser at an
+//! interactive start), `server` (process lifetime and shutdown).
 //! Dependencies point one way:
-//! `server → routes → {proxy, monitor, stored_routes} → {body, respond, stored}`.
+//! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`.
 
 pub mod app;
 pub mod body;
+pub mod model_controls;
 pub mod monitor;
+pub mod open;
 pub mod proxy;
 pub mod proxy_error;
 pub mod respond;
@@ -23,6 +27,7 @@ pub mod server;
 pub mod stats;
 pub mod stored;
 pub mod stored_routes;
+pub mod ui;
 
 pub use app::GatewayConfig;
 pub use server::run;

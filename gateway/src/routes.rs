@@ -1,7 +1,9 @@
 //! The gateway's routes, parsed once per request into a `Route`: which handler runs, the
 //! methods it allows, the API shape its errors are written in, the label it is counted
 //! under, and the request's tracing span. `/admin/*` exists only on engine sockets and
-//! is never served here.
+//! is never served here. The web UI (`/`, `/ui/{file}`) and the model controls
+//! (`/api/models/{id}/load|unload`) enter through the same table as the API, so they are
+//! counted, traced and guarded the same way.
 
 use std::sync::Arc;
 
@@ -12,7 +14,7 @@ use tracing::Instrument;
 
 use crate::app::App;
 use crate::body::Body;
-use crate::{monitor, proxy, respond, stored_routes};
+use crate::{model_controls, monitor, proxy, respond, stored_routes, ui};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
@@ -31,9 +33,17 @@ pub enum Route {
     Responses,
     /// `GET`/`DELETE /v1/responses/{id}`: the gateway's store, no engine involved.
     StoredResponse,
+    /// `GET /`: the web UI's page.
+    Page,
+    /// `GET /ui/{file}`: the UI's scripts and styles.
+    Asset,
+    /// `POST /api/models/{id}/load`: start a model's engine and wait until it is ready.
+    LoadModel,
+    /// `POST /api/models/{id}/unload`: stop a model's engine through the stop path.
+    UnloadModel,
 }
 
-const ALL: [Route; 11] = [
+const ALL: [Route; 15] = [
     Route::Health,
     Route::Engine,
     Route::Stats,
@@ -45,10 +55,41 @@ const ALL: [Route; 11] = [
     Route::CountTokens,
     Route::Responses,
     Route::StoredResponse,
+    Route::Page,
+    Route::Asset,
+    Route::LoadModel,
+    Route::UnloadModel,
 ];
 
 /// Where stored responses are addressed: `/v1/responses/{id}`.
 const STORED_PREFIX: &str = "/v1/responses/";
+/// Where the UI's files are: `/ui/{file}`.
+pub const ASSET_PREFIX: &str = "/ui/";
+/// Where a model is loaded and unloaded: `/api/models/{id}/load|unload`.
+pub const MODELS_PREFIX: &str = "/api/models/";
+
+/// One non-empty path segment (an id or a file name: no `/`).
+fn segment(s: &str) -> bool {
+    !s.is_empty() && !s.contains('/')
+}
+
+/// Routes whose path carries a parameter.
+fn templated(path: &str) -> Option<Route> {
+    if path.strip_prefix(STORED_PREFIX).is_some_and(segment) {
+        return Some(Route::StoredResponse);
+    }
+    if path.strip_prefix(ASSET_PREFIX).is_some_and(segment) {
+        return Some(Route::Asset);
+    }
+    let rest = path.strip_prefix(MODELS_PREFIX)?;
+    if rest.strip_suffix("/load").is_some_and(segment) {
+        Some(Route::LoadModel)
+    } else if rest.strip_suffix("/unload").is_some_and(segment) {
+        Some(Route::UnloadModel)
+    } else {
+        None
+    }
+}
 
 impl Route {
     pub fn path(self) -> &'static str {
@@ -65,6 +106,10 @@ impl Route {
             Route::Responses => "/v1/responses",
             // The label it is counted under; the id is not part of it.
             Route::StoredResponse => "/v1/responses/{id}",
+            Route::Page => "/",
+            Route::Asset => "/ui/{file}",
+            Route::LoadModel => "/api/models/{id}/load",
+            Route::UnloadModel => "/api/models/{id}/unload",
         }
     }
 
@@ -72,6 +117,7 @@ impl Route {
     pub fn allow(self) -> &'static str {
         match self {
             _ if self.proxied() => "POST",
+            Route::LoadModel | Route::UnloadModel => "POST",
             Route::StoredResponse => "GET, DELETE",
             _ => "GET",
         }
@@ -103,14 +149,18 @@ impl Route {
         }
     }
 
+    /// Whether the path has a parameter in it (`{id}`, `{file}`).
+    fn templated(self) -> bool {
+        self.path().contains('{')
+    }
+
     pub fn parse(method: &Method, path: &str) -> Result<Route, Refused> {
-        let stored = path.strip_prefix(STORED_PREFIX).is_some_and(|id| !id.is_empty() && !id.contains('/'));
-        let route = if stored {
-            Route::StoredResponse
-        } else {
-            ALL.into_iter()
-                .find(|r| *r != Route::StoredResponse && r.path() == path)
-                .ok_or_else(|| Refused::NotFound(path.to_owned()))?
+        let route = match templated(path) {
+            Some(r) => r,
+            None => ALL
+                .into_iter()
+                .find(|r| !r.templated() && r.path() == path)
+                .ok_or_else(|| Refused::NotFound(path.to_owned()))?,
         };
         if !route.allows(method) {
             return Err(Refused::Method { route, method: method.clone() });
@@ -177,6 +227,10 @@ async fn dispatch(app: &Arc<App>, route: Route, req: Request<Incoming>) -> Respo
         Route::Models => respond::json(serde_json::to_string(&app.pool.models()).unwrap_or_default()),
         Route::Stats => monitor::stats_route(app).await,
         Route::StoredResponse => stored_routes::by_id(app, req.method(), req.uri().path()),
+        Route::Page => ui::page(req.headers()),
+        Route::Asset => ui::asset(req.uri().path(), req.headers()),
+        Route::LoadModel => model_controls::load(app, req.uri().path()).await,
+        Route::UnloadModel => model_controls::unload(app, req.uri().path()).await,
         _ => {
             if app.stop.is_cancelled() {
                 let e = ApiError::new(ErrorKind::ShuttingDown, "the server is shutting down");
@@ -197,15 +251,26 @@ mod tests {
 
     #[test]
     fn every_route_parses_with_its_method_only() {
-        for r in ALL.into_iter().filter(|r| *r != Route::StoredResponse) {
+        for r in ALL.into_iter().filter(|r| !r.templated()) {
             let method = if r.proxied() { Method::POST } else { Method::GET };
             assert_eq!(Route::parse(&method, r.path()), Ok(r));
             let other = if r.proxied() { Method::GET } else { Method::POST };
             assert_eq!(Route::parse(&other, r.path()), Err(Refused::Method { route: r, method: other.clone() }));
         }
-        for path in
-            ["/admin/drain", "/admin/stats", "/", "/v1/chat/completions/", "/v1/responses/", "/v1/responses/a/b"]
-        {
+        for path in [
+            "/admin/drain",
+            "/admin/stats",
+            "/index.html",
+            "/v1/chat/completions/",
+            "/v1/responses/",
+            "/v1/responses/a/b",
+            "/ui/",
+            "/ui/a/b.js",
+            "/api/models/load",
+            "/api/models//load",
+            "/api/models/a/b/load",
+            "/api/models/a/start",
+        ] {
             assert_eq!(Route::parse(&Method::GET, path), Err(Refused::NotFound(path.to_owned())), "{path}");
         }
         assert!(Route::ChatCompletions.proxied() && !Route::Stats.proxied() && !Route::StoredResponse.proxied());
@@ -219,6 +284,18 @@ mod tests {
         assert!(matches!(Route::parse(&Method::POST, "/v1/responses/resp_1"), Err(Refused::Method { .. })));
         assert_eq!(Route::parse(&Method::POST, "/v1/responses"), Ok(Route::Responses));
         assert_eq!(Route::StoredResponse.allow(), "GET, DELETE");
+    }
+
+    #[test]
+    fn ui_files_and_model_controls_take_their_parameter_and_method() {
+        assert_eq!(Route::parse(&Method::GET, "/"), Ok(Route::Page));
+        assert_eq!(Route::parse(&Method::GET, "/ui/app.js"), Ok(Route::Asset));
+        assert!(matches!(Route::parse(&Method::POST, "/ui/app.js"), Err(Refused::Method { .. })));
+        assert_eq!(Route::parse(&Method::POST, "/api/models/smol/load"), Ok(Route::LoadModel));
+        assert_eq!(Route::parse(&Method::POST, "/api/models/gemma-3.q4_k_m/unload"), Ok(Route::UnloadModel));
+        let get = Route::parse(&Method::GET, "/api/models/smol/load");
+        assert_eq!(get, Err(Refused::Method { route: Route::LoadModel, method: Method::GET }));
+        assert_eq!(Route::LoadModel.path(), "/api/models/{id}/load", "counted without the id");
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
     let tasks = TaskTracker::new();
     println!("{}", json!({"event": "listening", "addr": addr.to_string(), "pid": std::process::id()}));
     tracing::info!(addr = %addr, "gateway listening");
+    if app.cfg.open_ui {
+        crate::open::open_in_browser(&crate::open::chat_url(addr));
+    }
     for m in app.cfg.preload.clone() {
         let pool = app.pool.clone();
         tasks.spawn(async move {

@@ -4,8 +4,9 @@
 //! code: an engine is a process reached over HTTP on a unix socket.
 //!
 //! Layout: `slot.rs` is each engine's state machine as data (pure, tested row by row);
-//! `pool.rs` drives it (locks, performs effects, leases; `lease.rs`, and `tasks.rs` for
-//! the engine watcher and keep-alive timer); `stop.rs` is the one stop path;
+//! `pool.rs` drives it (locks, performs effects, leases; `lease.rs`, `tasks.rs` for
+//! the engine watcher and keep-alive timer, `manage.rs` for loads and unloads a person
+//! asks for); `stop.rs` is the one stop path;
 //! `procs.rs` is the door to processes and sockets (`spawn.rs`, `child.rs`,
 //! `unix_http.rs` behind it); `policy.rs` holds the decisions across models (LRU
 //! victims, room to start, backoff); `error.rs` the reasons a lease fails.
@@ -15,6 +16,7 @@ pub mod child;
 pub mod error;
 pub mod gguf_meta;
 pub mod lease;
+mod manage;
 pub mod policy;
 pub mod pool;
 pub mod procs;

@@ -365,3 +365,51 @@ async fn busy_engines_hold_their_slot_until_the_queue_timeout() {
     settle().await;
     assert_eq!(state(&pool, "a"), "stopped", "evicted once b was ready");
 }
+
+#[tokio::test(start_paused = true)]
+async fn load_starts_a_named_engine_and_evicts_the_idle_one_once_it_is_ready() {
+    let fake = Fake::new(&[("a", Behave::default()), ("b", Behave { load: s(2), ..Default::default() })]);
+    let pool = Pool::with_procs(config(&["a", "b"], |_| {}), fake.clone());
+    pool.load("a").await.unwrap();
+    assert_eq!(state(&pool, "a"), "ready");
+    let t0 = Instant::now();
+    pool.load("b").await.unwrap();
+    assert_eq!(t0.elapsed(), s(2), "returns once b is ready");
+    assert_eq!(fake.at("drain a"), Some(s(2)), "a served until b was ready");
+    settle().await;
+    assert_eq!(state(&pool, "a"), "stopped");
+    pool.load("b").await.unwrap();
+    assert_eq!(fake.count("start b"), 1, "loading a ready model starts nothing");
+    let err = pool.load("c").await.unwrap_err();
+    assert!(matches!(err, LeaseError::UnknownModel { .. }), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unload_drains_the_engine_and_returns_once_it_is_gone() {
+    let fake = Fake::new(&[("a", Behave { drain: s(1), ..Default::default() })]);
+    // One model: a request for an unknown id would go to it, an unload never does.
+    let pool = Pool::with_procs(config(&["a"], |_| {}), fake.clone());
+    assert!(matches!(pool.unload("b").await, Err(LeaseError::UnknownModel { .. })));
+    assert_eq!(pool.unload("a").await.unwrap(), EngineState::Stopped, "nothing runs: nothing to do");
+    pool.load("a").await.unwrap();
+    let t0 = Instant::now();
+    assert_eq!(pool.unload("a").await.unwrap(), EngineState::Stopped);
+    assert_eq!(t0.elapsed(), s(1), "the drain, then SIGTERM");
+    assert_eq!(fake.at("SIGTERM a"), Some(s(1)));
+    assert_eq!(pool.counters().evictions.load(Ordering::Relaxed), 0, "not an eviction");
+    assert!(pool.lease(Some("a")).await.is_ok(), "a request starts it again");
+    assert_eq!(fake.count("start a"), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unload_clears_a_crash_loop_so_a_load_tries_again_at_once() {
+    let fake = Fake::new(&[("a", Behave { exit_at_start: Some(1), ..Default::default() })]);
+    let pool = Pool::with_procs(config(&["a"], |_| {}), fake.clone());
+    while !matches!(pool.lease(Some("a")).await, Err(LeaseError::CrashLoop { .. })) {}
+    assert_eq!(state(&pool, "a"), "failed");
+    assert_eq!(pool.unload("a").await.unwrap(), EngineState::Stopped);
+    fake.behave.lock().unwrap().insert("a".into(), Behave::default());
+    let t0 = Instant::now();
+    pool.load("a").await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::ZERO, "no cooldown left");
+}

@@ -6,7 +6,7 @@
 //! decided here with plain `Instant`s and tested row by row (`slot_tests.rs`).
 //!
 //! ```text
-//!            Start                Ready                Stop(evict|keep-alive|shutdown|hung)
+//!            Start                Ready         Stop(evict|keep-alive|shutdown|hung|unload)
 //!  Stopped ─────────▶ Starting ─────────▶ Ready ─────────────────▶ Draining ──Exited──▶ Stopped
 //!     ▲   ▲               │ Exited            │ Exited                  │ (hung: Crashed)
 //!     │   │ Stop(shutdown)▼                   ▼                         │
@@ -14,7 +14,9 @@
 //!     │              │ Start after backoff            │ Start after the cooldown
 //!     └──────────────┴────────────────────────────────┘
 //! ```
-//! Events from an older generation (a process that was already replaced) are ignored.
+//! Starting also stops on shutdown, a load timeout or an unload; Crashed and Failed go
+//! straight to Stopped on shutdown or an unload. Events from an older generation (a
+//! process that was already replaced) are ignored.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -76,6 +78,10 @@ pub enum StopReason {
     Hung,
     /// It did not become ready (or answer its health check) in time.
     LoadTimeout,
+    /// A person asked for it (`POST /api/models/{id}/unload`): stopped like an eviction
+    /// (drained, its prompt cache saved), from any live state; a crashed or failed
+    /// model is reset to stopped (its backoff or cooldown cleared).
+    Unload,
 }
 
 /// How an engine is stopped (`stop.rs`).
@@ -320,15 +326,16 @@ impl Slot {
                 (Phase::Draining { generation, proc: Some(proc), why, ready_since: Some(since) }, fx)
             }
             (Phase::Starting { generation, proc, .. }, Event::Stop { why, .. })
-                if matches!(why, StopReason::Shutdown | StopReason::LoadTimeout) =>
+                if matches!(why, StopReason::Shutdown | StopReason::LoadTimeout | StopReason::Unload) =>
             {
-                let how = if why == StopReason::Shutdown { StopHow::Graceful } else { StopHow::Kill };
+                let how = if why == StopReason::LoadTimeout { StopHow::Kill } else { StopHow::Graceful };
                 let fx = proc.iter().map(|p| Stop { generation, proc: p.clone(), how }).collect();
                 (Phase::Draining { generation, proc, why, ready_since: None }, fx)
             }
-            (Phase::Crashed { .. } | Phase::Failed { .. }, Event::Stop { why: StopReason::Shutdown, .. }) => {
-                (Phase::Stopped, vec![Wake])
-            }
+            (
+                Phase::Crashed { .. } | Phase::Failed { .. },
+                Event::Stop { why: StopReason::Shutdown | StopReason::Unload, .. },
+            ) => (Phase::Stopped, vec![Wake]),
             (old, Event::Exited { generation: g, exit }) if old.generation() == Some(g) => {
                 let socket = old.proc().map(|p| p.socket.clone());
                 let (phase, mut fx) = self.exited(old, g, exit, now);
@@ -360,7 +367,7 @@ impl Slot {
             Phase::Draining { why, .. } => Some(*why),
             _ => None,
         };
-        if let Some(StopReason::Evict | StopReason::KeepAlive | StopReason::Shutdown) = requested {
+        if let Some(StopReason::Evict | StopReason::KeepAlive | StopReason::Shutdown | StopReason::Unload) = requested {
             // We asked it to stop. Exit 0 or our signal is clean; anything else is shown
             // as a crash but needs no backoff (nobody waits on this engine).
             if exit.code == Some(0) || exit.signal.is_some() {

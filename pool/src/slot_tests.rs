@@ -351,3 +351,52 @@ fn crashes_spread_over_minutes_never_loop_and_a_healthy_run_resets_the_backoff()
         now += ms(250);
     }
 }
+
+// --- Unload (a person's request) ---
+
+#[test]
+fn unload_of_a_ready_engine_drains_it_without_counting_an_eviction_and_its_exit_is_clean() {
+    let t0 = Instant::now();
+    let mut s = ready(t0);
+    assert_eq!(
+        s.on(stop(StopReason::Unload), t0),
+        vec![Effect::Stop { generation: 1, proc: proc(10), how: StopHow::Graceful }]
+    );
+    assert_eq!(s.state(), EngineState::Draining);
+    assert!(s.on(stop(StopReason::Unload), t0).is_empty(), "already stopping");
+    let fx = s.on(Event::Exited { generation: 1, exit: exit(None, Some(15)) }, t0);
+    assert_eq!(fx, vec![Effect::RemoveSocket(proc(10).socket), Effect::Wake]);
+    assert_eq!(s.phase, Phase::Stopped);
+    assert_eq!(s.admit(t0, None), Admit::Start, "a later request starts it again");
+}
+
+#[test]
+fn unload_of_a_starting_engine_stops_it_gracefully_once_it_exists() {
+    let t0 = Instant::now();
+    let mut s = starting(t0);
+    assert_eq!(
+        s.on(stop(StopReason::Unload), t0),
+        vec![Effect::Stop { generation: 1, proc: proc(10), how: StopHow::Graceful }]
+    );
+    let mut early = Slot::new("m", t0);
+    early.on(Event::Start { switch_from: None }, t0);
+    assert!(early.on(stop(StopReason::Unload), t0).is_empty(), "nothing to stop yet");
+    let fx = early.on(Event::Spawned { generation: 1, proc: proc(10) }, t0);
+    assert_eq!(fx, vec![Effect::Stop { generation: 1, proc: proc(10), how: StopHow::Graceful }]);
+}
+
+#[test]
+fn unload_resets_crashed_and_failed_models_to_stopped_and_ignores_stopped_ones() {
+    let t0 = Instant::now();
+    let mut s = ready(t0);
+    s.on(Event::Exited { generation: 1, exit: exit(None, Some(9)) }, t0);
+    assert_eq!(s.on(stop(StopReason::Unload), t0), vec![Effect::Wake]);
+    assert_eq!(s.admit(t0, None), Admit::Start, "no backoff left to wait");
+    let mut f = starting(t0);
+    f.on(Event::Exited { generation: 1, exit: exit(Some(78), None) }, t0);
+    assert_eq!(f.on(stop(StopReason::Unload), t0), vec![Effect::Wake]);
+    assert_eq!(f.admit(t0, None), Admit::Start, "the cooldown is cleared");
+    let mut idle = Slot::new("m", t0);
+    assert!(idle.on(stop(StopReason::Unload), t0).is_empty());
+    assert_eq!(idle.phase, Phase::Stopped);
+}
