@@ -114,6 +114,11 @@ pub struct ServeArgs {
     /// stdout are both a terminal, never under a service manager or a pipe).
     #[arg(long, env = "CORRAL_NO_OPEN")]
     no_open: bool,
+    /// Also accept requests whose Host header names this host (repeatable; comma-separated
+    /// in the env var). Only `localhost`, `127.0.0.1`, `[::1]` and the bound address are
+    /// accepted otherwise, with the server's port (a guard against DNS rebinding).
+    #[arg(long = "allow-host", env = "CORRAL_ALLOW_HOST", value_delimiter = ',')]
+    allow_hosts: Vec<String>,
     /// Accepted for mlx-bun command lines: every engine is already its own process.
     #[arg(long, hide = true)]
     isolate: bool,
@@ -260,6 +265,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
             ttl: args.responses_ttl,
         },
         open_ui: !args.no_open && interactive(),
+        allow_hosts: args.allow_hosts.clone(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {

@@ -13,6 +13,7 @@ use corral_net::CancellationToken;
 use corral_net::gauge::Gauge;
 use corral_pool::Pool;
 
+use crate::guard::Guard;
 use crate::stats::GatewayStats;
 use crate::stored::{ResponseStore, StoreConfig};
 
@@ -34,6 +35,8 @@ pub struct GatewayConfig {
     pub responses: StoreConfig,
     /// Open the chat page in a browser once listening (an interactive start).
     pub open_ui: bool,
+    /// Host names accepted besides the loopback ones (`--allow-host`).
+    pub allow_hosts: Vec<String>,
 }
 
 pub struct App {
@@ -45,13 +48,18 @@ pub struct App {
     pub stop: CancellationToken,
     /// Proxied requests in progress.
     pub in_flight: Arc<Gauge>,
+    /// The Host and Origin rules (`guard.rs`), for the address actually bound.
+    pub guard: Guard,
     next_request: AtomicU64,
 }
 
 impl App {
-    pub fn new(cfg: GatewayConfig, pool: Pool) -> Arc<Self> {
+    /// The gateway's state once it is listening on `bound`.
+    pub fn new(cfg: GatewayConfig, pool: Pool, bound: SocketAddr) -> Arc<Self> {
         let responses = Arc::new(ResponseStore::open(cfg.responses.clone()));
+        let guard = Guard::new(bound, &cfg.allow_hosts);
         Arc::new(Self {
+            guard,
             cfg,
             pool,
             responses,

@@ -10,12 +10,14 @@
 //! persistence) with `stored_routes` (`previous_response_id` expansion, capturing
 //! answers, `GET`/`DELETE /v1/responses/{id}`), `ui` (the web UI's embedded files),
 //! `model_controls` (`POST /api/models/{id}/load|unload`), `open` (the browser at an
-//! interactive start), `server` (process lifetime and shutdown).
+//! interactive start), `guard` (the Host and Origin rules every request passes first),
+//! `server` (process lifetime and shutdown).
 //! Dependencies point one way:
 //! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`.
 
 pub mod app;
 pub mod body;
+pub mod guard;
 pub mod model_controls;
 pub mod monitor;
 pub mod open;

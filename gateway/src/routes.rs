@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use crate::app::App;
 use crate::body::Body;
+use crate::guard::Verdict;
 use crate::{model_controls, monitor, proxy, respond, stored_routes, ui};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,16 +209,39 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let label = route.as_ref().map_or_else(Refused::label, |r| r.path());
     let span =
         tracing::info_span!("request", request_id = app.request_id(), route = label, model = tracing::field::Empty);
+    let verdict = {
+        let h = req.headers();
+        let text = |name| h.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
+        app.guard.check(req.method(), text(header::HOST), text(header::ORIGIN))
+    };
     let resp = async {
-        match route {
-            Err(refused) => refused.response(),
-            Ok(route) => dispatch(&app, route, req).await,
+        match (route, verdict) {
+            (Err(refused), _) => refused.response(),
+            (Ok(route), Verdict::Pass) => dispatch(&app, route, req).await,
+            (Ok(route), refused) => guard_refusal(route.shape(), &refused),
         }
     }
     .instrument(span)
     .await;
     app.stats.count(label, resp.status().as_u16());
     resp
+}
+
+/// A request the guard refused, in the route's error shape.
+fn guard_refusal(shape: ApiShape, v: &Verdict) -> Response<Body> {
+    let e = match v {
+        Verdict::MissingHost => ApiError::new(ErrorKind::MissingHost, "the request has no Host header"),
+        Verdict::HostNotAllowed(h) => ApiError::new(
+            ErrorKind::HostNotAllowed,
+            format!("Host {h:?} does not name this server (allowed: localhost, 127.0.0.1, [::1] and --allow-host)"),
+        ),
+        Verdict::OriginNotAllowed(o) => {
+            ApiError::new(ErrorKind::OriginNotAllowed, format!("a request from origin {o:?} may not change state here"))
+        }
+        Verdict::Pass => ApiError::new(ErrorKind::Internal, "refused without a reason"),
+    };
+    tracing::warn!(code = e.kind.code(), "request refused by the Host/Origin guard");
+    respond::error(shape, &e)
 }
 
 async fn dispatch(app: &Arc<App>, route: Route, req: Request<Incoming>) -> Response<Body> {

@@ -28,7 +28,7 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     let addr = listener.local_addr()?;
     let mut stops = signals::watch()?;
-    let app = App::new(cfg, pool);
+    let app = App::new(cfg, pool, addr);
     let tasks = TaskTracker::new();
     println!("{}", json!({"event": "listening", "addr": addr.to_string(), "pid": std::process::id()}));
     tracing::info!(addr = %addr, "gateway listening");

@@ -28,6 +28,12 @@ pub enum ErrorKind {
     NotFound,
     /// The route exists, the method does not.
     MethodNotAllowed,
+    /// The Host header does not name this server (DNS rebinding, `docs/api.md`).
+    HostNotAllowed,
+    /// A state-changing browser request from another origin.
+    OriginNotAllowed,
+    /// No Host header.
+    MissingHost,
     /// The request names a model this server does not have.
     ModelNotFound,
     /// The engine's request queue is full.
@@ -56,7 +62,8 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         use ErrorKind::*;
         match self {
-            InvalidJson | InvalidRequest | ContextLengthExceeded | ContextOverBudget => 400,
+            InvalidJson | InvalidRequest | ContextLengthExceeded | ContextOverBudget | MissingHost => 400,
+            HostNotAllowed | OriginNotAllowed => 403,
             NotFound | ModelNotFound => 404,
             MethodNotAllowed => 405,
             PayloadTooLarge => 413,
@@ -88,6 +95,9 @@ impl ErrorKind {
             PayloadTooLarge => "payload_too_large",
             NotFound => "not_found",
             MethodNotAllowed => "method_not_allowed",
+            HostNotAllowed => "host_not_allowed",
+            OriginNotAllowed => "origin_not_allowed",
+            MissingHost => "missing_host",
             ModelNotFound => "model_not_found",
             QueueFull => "queue_full",
             EngineDraining => "engine_draining",
