@@ -9,18 +9,6 @@ use common::gateway::*;
 use common::*;
 use serde_json::{Value, json};
 
-fn fake_gateway(models: &[(&str, Value)], extra: &[&str]) -> Gateway {
-    let dir = TempDir::new("fakegw");
-    let mut args: Vec<String> = vec!["--engine-bin".into(), fake_engine_bin().into()];
-    for (name, behaviour) in models {
-        args.push("--model".into());
-        args.push(fake_model(dir.path(), name, behaviour.clone()).display().to_string());
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    Gateway::start_in(dir, &refs)
-}
-
 fn chat(model: &str, stream: bool) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream})
 }

@@ -9,7 +9,6 @@ use std::io::{BufReader, Write};
 
 use common::gateway::*;
 use common::http::{self, BodyReader, Response, read_head};
-use common::*;
 use serde_json::json;
 
 /// One raw request (`head` is the request line and headers, each ending in CRLF).
@@ -24,9 +23,7 @@ fn raw(gw: &Gateway, head: &str, body: &str) -> Response {
 
 #[test]
 fn foreign_hosts_and_cross_site_writes_are_refused_in_each_api_shape() {
-    let dir = TempDir::new("guard");
-    let model = fake_model(dir.path(), "m", json!({})).display().to_string();
-    let gw = Gateway::start_in(dir, &["--engine-bin", fake_engine_bin(), "--model", &model, "--allow-host", "box.lan"]);
+    let gw = fake_gateway(&[("m", json!({}))], &["--allow-host", "box.lan"]);
     let port = gw.addr.rsplit(':').next().expect("port").to_owned();
 
     // A rebound name: refused before routing to any engine, in each API's shape.

@@ -8,19 +8,7 @@ use std::time::Duration;
 
 use common::gateway::*;
 use common::*;
-use serde_json::{Value, json};
-
-fn fake_gateway(models: &[(&str, Value)], extra: &[&str]) -> Gateway {
-    let dir = TempDir::new("uigw");
-    let mut args: Vec<String> = vec!["--engine-bin".into(), fake_engine_bin().into()];
-    for (name, behaviour) in models {
-        args.push("--model".into());
-        args.push(fake_model(dir.path(), name, behaviour.clone()).display().to_string());
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    Gateway::start_in(dir, &refs)
-}
+use serde_json::json;
 
 fn post(gw: &Gateway, path: &str) -> common::http::Response {
     gw.post(path, &json!({}))

@@ -31,6 +31,19 @@ pub fn fake_engine_bin() -> &'static str {
     env!("CARGO_BIN_EXE_corral-fake-engine")
 }
 
+/// `corral serve` over fake-engine models (name, behaviour), plus `extra` flags.
+pub fn fake_gateway(models: &[(&str, Value)], extra: &[&str]) -> Gateway {
+    let dir = TempDir::new("fakegw");
+    let mut args: Vec<String> = vec!["--engine-bin".into(), fake_engine_bin().into()];
+    for (name, behaviour) in models {
+        args.push("--model".into());
+        args.push(fake_model(dir.path(), name, behaviour.clone()).display().to_string());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Gateway::start_in(dir, &refs)
+}
+
 impl Gateway {
     /// `corral serve --port 0 --runtime-dir <tmp>/run <args…>`.
     pub fn start(args: &[&str]) -> Self {
