@@ -29,12 +29,12 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ4K {
-    d: f32,
-    dmin: f32,
-    scales: [u8; 8],
-    mins: [u8; 8],
+    pub(super) d: f32,
+    pub(super) dmin: f32,
+    pub(super) scales: [u8; 8],
+    pub(super) mins: [u8; 8],
     /// The 256 4-bit values, one per byte.
-    q: [u8; QK_K],
+    pub(super) q: [u8; QK_K],
 }
 
 pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
@@ -98,10 +98,10 @@ pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
 
 #[derive(Clone, Copy)]
 pub(crate) struct BlockQ6K {
-    d: f32,
-    scales: [i8; 16],
+    pub(super) d: f32,
+    pub(super) scales: [i8; 16],
     /// The 256 unsigned 6-bit values (0..64, offset 32 not yet removed).
-    q: [u8; QK_K],
+    pub(super) q: [u8; QK_K],
 }
 
 pub(crate) fn parse_q6_k(bytes: &[u8]) -> Vec<BlockQ6K> {
@@ -147,6 +147,8 @@ pub(crate) fn q6_k_q8_k_tiled(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
     acc
 }
 
+/// The reference for `krows` (which runs in its place on AVX2 builds) and the portable path.
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"), allow(dead_code))]
 pub(crate) fn q6_k_q8_k(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
     let mut acc = [0.0f32; 8];
     for (wb, ab) in w.iter().zip(a) {

@@ -16,6 +16,7 @@ pub(crate) mod act;
 mod cols;
 mod dot;
 mod kquants;
+mod krows;
 mod simd;
 mod stream;
 
@@ -126,13 +127,19 @@ impl QuantMatMul {
             (Weights::Q4_1(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q4_1()),
             (Weights::Q5_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q5_0()),
             (Weights::Q8_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0()),
+            // The default: every row in the one-row arithmetic, rows grouped by four.
+            (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped: 0, .. })) => {
+                self.chunk_k(w, a, m, c, tile, krows::dots_q4_k())
+            }
             (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped, .. })) => {
                 let path = |r: usize| if r < *grouped { Q4KPath::Gemm } else { Q4KPath::Gemv };
                 self.chunk1(w, a, m, c, tile, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
             }
-            (Weights::Q6K(w), Acts::Q8K(a, ActsKind::Q8K { tiled, .. })) => {
-                let dot = if *tiled { kquants::q6_k_q8_k_tiled } else { kquants::q6_k_q8_k };
-                self.chunk1(w, a, m, c, tile, |w, a, _| dot(w, a))
+            (Weights::Q6K(w), Acts::Q8K(a, ActsKind::Q8K { tiled: false, .. })) => {
+                self.chunk_k(w, a, m, c, tile, krows::dots_q6_k())
+            }
+            (Weights::Q6K(w), Acts::Q8K(a, _)) => {
+                self.chunk1(w, a, m, c, tile, |w, a, _| kquants::q6_k_q8_k_tiled(w, a))
             }
             _ => unreachable!("activations are quantized for the matrix's own format"),
         }
@@ -160,19 +167,35 @@ impl QuantMatMul {
             return;
         }
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
+        self.column_groups(w, m, c, tile, |wr, r, o| match o.len() {
+            1 => o[0] = dot(wr, row(r)),
+            2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
+            3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
+            _ => o.copy_from_slice(&(dots.x4)(wr, std::array::from_fn(|j| row(r + j)))),
+        });
+    }
+
+    /// A K-quant chunk in the one-row arithmetic, each column's rows in groups of four.
+    fn chunk_k<W>(&self, w: &[W], acts: &[act::ActQ8K], m: usize, c: usize, tile: &mut [f32], dots: krows::KDots<W>) {
+        let kb = self.k_blocks;
+        let row = |r: usize| &acts[r * kb..(r + 1) * kb];
+        self.column_groups(w, m, c, tile, |wr, r, o| match o.len() {
+            1 => o.copy_from_slice(&(dots.x1)(wr, [row(r)])),
+            2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
+            3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
+            _ => o.copy_from_slice(&(dots.x4)(wr, std::array::from_fn(|j| row(r + j)))),
+        });
+    }
+
+    /// Each column of the chunk against the rows four at a time (the last group holds
+    /// what is left): `group(weights of the column, first row, outputs of the group)`.
+    fn column_groups<W>(&self, w: &[W], m: usize, c: usize, tile: &mut [f32], group: impl Fn(&[W], usize, &mut [f32])) {
+        let kb = self.k_blocks;
         for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
-            let wr = col(i);
-            let mut r = 0;
-            while r < m {
-                let take = (m - r).min(4);
-                let o = &mut col_out[r..r + take];
-                match take {
-                    1 => o[0] = dot(wr, row(r)),
-                    2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
-                    3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
-                    _ => o.copy_from_slice(&(dots.x4)(wr, std::array::from_fn(|j| row(r + j)))),
-                }
-                r += take;
+            let col = c * COLS + i;
+            let wr = &w[col * kb..(col + 1) * kb];
+            for (g, o) in col_out.chunks_mut(4).enumerate() {
+                group(wr, 4 * g, o);
             }
         }
     }
