@@ -289,6 +289,35 @@ mod tests {
     use super::super::act::{quantize_q8_0, quantize_q8_1};
     use super::*;
 
+    #[test]
+    #[ignore = "micro-benchmark: cargo test --release -p corral-engine xn_speed -- --ignored --nocapture"]
+    fn xn_speed() {
+        use std::time::Instant;
+        let (k, n, reps) = (1024, 512, 40);
+        let xs: Vec<Vec<f32>> =
+            (0..4).map(|r| (0..k).map(|i| (((i * 37 + r * 11) % 19) as f32 - 9.0) / 7.0).collect()).collect();
+        let a1: Vec<Vec<ActQ8>> = xs.iter().map(|x| quantize_q8_1(x)).collect();
+        let a0: Vec<Vec<ActQ8>> = xs.iter().map(|x| quantize_q8_0(x)).collect();
+        let kb = k / QK;
+        let bytes = |per: usize| -> Vec<u8> { (0..n * kb * per).map(|i| (i * 31 % 251) as u8 & 0x3b).collect() };
+        let (w41, w50, w80) = (parse_q4_1(&bytes(20)), parse_q5_0(&bytes(22)), parse_q8_0(&bytes(34)));
+        fn time<W>(name: &str, w: &[W], a: &[Vec<ActQ8>], x4: DotN<W, 4>, kb: usize, n: usize, reps: usize) {
+            let rows = [&a[0][..], &a[1][..], &a[2][..], &a[3][..]];
+            let t = Instant::now();
+            let mut sink = 0.0;
+            for _ in 0..reps {
+                for c in 0..n {
+                    sink += x4(&w[c * kb..][..kb], rows).iter().sum::<f32>();
+                }
+            }
+            let per = t.elapsed().as_secs_f64() * 1e9 / (reps * n * kb * 4) as f64;
+            eprintln!("{name} x4: {per:.3} ns per block and row ({sink})");
+        }
+        time("q4_1", &w41, &a1, dots_q4_1().x4, kb, n, reps);
+        time("q5_0", &w50, &a0, dots_q5_0().x4, kb, n, reps);
+        time("q8_0", &w80, &a0, dots_q8_0().x4, kb, n, reps);
+    }
+
     /// The grouped kernels compute exactly what the single ones compute, for every group size.
     #[test]
     fn grouped_kernels_equal_single_kernels_bit_for_bit() {

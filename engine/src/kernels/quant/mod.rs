@@ -167,7 +167,7 @@ impl QuantMatMul {
             return;
         }
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        self.column_groups(w, m, c, tile, |wr, r, o| match o.len() {
+        self.column_groups(w, m, c, tile, size_of_val(row(0)), |wr, r, o| match o.len() {
             1 => o[0] = dot(wr, row(r)),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
             3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
@@ -179,7 +179,7 @@ impl QuantMatMul {
     fn chunk_k<W>(&self, w: &[W], acts: &[act::ActQ8K], m: usize, c: usize, tile: &mut [f32], dots: krows::KDots<W>) {
         let kb = self.k_blocks;
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        self.column_groups(w, m, c, tile, |wr, r, o| match o.len() {
+        self.column_groups(w, m, c, tile, size_of_val(row(0)), |wr, r, o| match o.len() {
             1 => o.copy_from_slice(&(dots.x1)(wr, [row(r)])),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
             3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
@@ -189,13 +189,27 @@ impl QuantMatMul {
 
     /// Each column of the chunk against the rows four at a time (the last group holds
     /// what is left): `group(weights of the column, first row, outputs of the group)`.
-    fn column_groups<W>(&self, w: &[W], m: usize, c: usize, tile: &mut [f32], group: impl Fn(&[W], usize, &mut [f32])) {
+    /// Rows go in blocks whose activations (`row_bytes` each) stay in L1 while every
+    /// column of the chunk passes over them; the order changes no row's arithmetic.
+    fn column_groups<W>(
+        &self,
+        w: &[W],
+        m: usize,
+        c: usize,
+        tile: &mut [f32],
+        row_bytes: usize,
+        group: impl Fn(&[W], usize, &mut [f32]),
+    ) {
         let kb = self.k_blocks;
-        for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
-            let col = c * COLS + i;
-            let wr = &w[col * kb..(col + 1) * kb];
-            for (g, o) in col_out.chunks_mut(4).enumerate() {
-                group(wr, 4 * g, o);
+        let rows_per = (ACT_BLOCK_BYTES / row_bytes.max(1)).max(4) / 4 * 4;
+        for first in (0..m).step_by(rows_per) {
+            let last = (first + rows_per).min(m);
+            for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
+                let col = c * COLS + i;
+                let wr = &w[col * kb..(col + 1) * kb];
+                for (g, o) in col_out[first..last].chunks_mut(4).enumerate() {
+                    group(wr, first + 4 * g, o);
+                }
             }
         }
     }
@@ -253,6 +267,10 @@ impl Acts {
 
 /// Columns per work chunk: enough to amortize scheduling, small enough to balance.
 const COLS: usize = 16;
+
+/// Activation bytes a chunk keeps in L1 while its columns pass over them (about half of
+/// a 32 or 48 KiB L1; the chunk's weights take most of the rest).
+const ACT_BLOCK_BYTES: usize = 16 * 1024;
 
 /// Q8_K activations for the Q4_K kernels: the first `grouped` rows (whole groups of
 /// four, for the repacked kernel) are quantized by ggml's 4-row routine, the rest by
