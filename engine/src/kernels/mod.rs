@@ -104,13 +104,14 @@ pub(crate) fn parallel_columns_many(
             let width = cols.min(n - first);
             let tile = &mut tile[..width * m];
             f(i, c, tile);
-            for (j, column) in tile.chunks_exact(m).enumerate() {
-                for (r, &v) in column.iter().enumerate() {
+            // Row by row, so each output row's `width` values are one contiguous write.
+            for r in 0..m {
+                for j in 0..width {
                     // SAFETY: `r < m` and `first + j < n`, so the index is inside output
                     // `i`, which outlives this call; chunk `(i, c)` is handed to exactly
                     // one task and owns columns `first..first + width` of output `i`, so
                     // no element is written twice or read while written.
-                    unsafe { *base.add(r * n + first + j) = v };
+                    unsafe { *base.add(r * n + first + j) = tile[j * m + r] };
                 }
             }
         }

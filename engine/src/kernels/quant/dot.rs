@@ -183,10 +183,23 @@ pub(super) mod xn {
     /// `acc = fma(d, float(lanes of x·y), acc)` with `x` unsigned bytes < 128.
     #[inline(always)]
     pub(in super::super) unsafe fn step(acc: __m256, d: f32, x: __m256i, y: __m256i) -> __m256 {
+        unsafe { step_v(acc, _mm256_set1_ps(d), x, y) }
+    }
+
+    /// `step` with the scale already in every lane.
+    #[inline(always)]
+    unsafe fn step_v(acc: __m256, d: __m256, x: __m256i, y: __m256i) -> __m256 {
         unsafe {
             let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
-            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc)
+            _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
         }
+    }
+
+    /// `d_w * d_a` in every lane, from the weight scale already in every lane and the
+    /// activation scale read straight into every lane (the same product as the scalar one).
+    #[inline(always)]
+    unsafe fn scale(dw: __m256, da: &f32) -> __m256 {
+        unsafe { _mm256_mul_ps(dw, _mm256_broadcast_ss(da)) }
     }
 
     fn blocks<W, const N: usize>(w: &[W], a: &[&[ActQ8]; N]) -> usize {
@@ -198,14 +211,15 @@ pub(super) mod xn {
         let mut summs = [0.0f32; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             prefetch(wb);
-            let (d, m) = (wb.d.to_f32(), wb.m.to_f32());
+            let m = wb.m.to_f32();
             unsafe {
+                let d = _mm256_set1_ps(wb.d.to_f32());
                 let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
                 let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
                 for r in 0..N {
                     let ab = &a[r][b];
                     summs[r] = m.mul_add(ab.s, summs[r]);
-                    acc[r] = step(acc[r], d * ab.d, x, _mm256_loadu_si256(ab.qs.as_ptr().cast()));
+                    acc[r] = step_v(acc[r], scale(d, &ab.d), x, _mm256_loadu_si256(ab.qs.as_ptr().cast()));
                 }
             }
         }
@@ -217,11 +231,11 @@ pub(super) mod xn {
     fn signed<const N: usize>(qs: &[i8; 32], d: f32, a: &[&[ActQ8]; N], b: usize, acc: &mut [__m256; N]) {
         unsafe {
             let x = _mm256_loadu_si256(qs.as_ptr().cast());
-            let ax = _mm256_sign_epi8(x, x);
+            let (ax, d) = (_mm256_sign_epi8(x, x), _mm256_set1_ps(d));
             for r in 0..N {
                 let ab = &a[r][b];
                 let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
-                acc[r] = step(acc[r], d * ab.d, ax, _mm256_sign_epi8(y, x));
+                acc[r] = step_v(acc[r], scale(d, &ab.d), ax, _mm256_sign_epi8(y, x));
             }
         }
     }
