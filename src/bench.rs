@@ -86,6 +86,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                     "tg_tokens": args.gen_tokens,
                     "tg_depth": args.depth,
                     "tg_tok_s": args.gen_tokens as f64 / tg,
+                    "cpu_kernels": corral_engine::kernels::cpu_isa(),
                 })
             );
         }

@@ -17,6 +17,12 @@ pub(crate) mod quant;
 pub use attention::{AttnSpec, attention, attention_batch};
 pub use linear::{Embedding, Linear, forward_many};
 
+/// The instructions the CPU's quantized kernels run on this machine (`avx2`,
+/// `avx2+avx512-vnni`, `portable`), for benchmarks and logs.
+pub fn cpu_isa() -> &'static str {
+    quant::isa::describe()
+}
+
 use std::cell::Cell;
 
 /// Which arithmetic the kernels use, where llama.cpp's depends on the batch size.

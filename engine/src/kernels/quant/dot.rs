@@ -7,6 +7,7 @@ use half::f16;
 
 use super::act::{ActQ8, QK};
 use super::cols::{self, ColsN};
+use super::isa;
 use super::simd;
 use super::stream::{collect_weights, prefetch};
 
@@ -130,13 +131,18 @@ pub(crate) struct Dots<W> {
     pub x4: DotN<W, 4>,
 }
 
+/// The VNNI form of a grouped kernel where the CPU has it (`super::isa`), else AVX2.
+fn pick<T>(avx2: T, vnni: T) -> T {
+    if isa::vnni() { vnni } else { avx2 }
+}
+
 pub(crate) fn dots_q4_1() -> Dots<BlockQ4_1> {
     Dots {
         one: q4_1_q8_1,
         cols4: cols::q4_1_q8_1::<4>,
-        x2: xn::q4_1_q8_1::<2>,
-        x3: xn::q4_1_q8_1::<3>,
-        x4: xn::q4_1_q8_1::<4>,
+        x2: pick(xn::q4_1_q8_1::<2>, xn::q4_1_q8_1_vnni::<2>),
+        x3: pick(xn::q4_1_q8_1::<3>, xn::q4_1_q8_1_vnni::<3>),
+        x4: pick(xn::q4_1_q8_1::<4>, xn::q4_1_q8_1_vnni::<4>),
     }
 }
 
@@ -144,9 +150,9 @@ pub(crate) fn dots_q5_0() -> Dots<BlockQ5_0> {
     Dots {
         one: q5_0_q8_0,
         cols4: cols::q5_0_q8_0::<4>,
-        x2: xn::q5_0_q8_0::<2>,
-        x3: xn::q5_0_q8_0::<3>,
-        x4: xn::q5_0_q8_0::<4>,
+        x2: pick(xn::q5_0_q8_0::<2>, xn::q5_0_q8_0_vnni::<2>),
+        x3: pick(xn::q5_0_q8_0::<3>, xn::q5_0_q8_0_vnni::<3>),
+        x4: pick(xn::q5_0_q8_0::<4>, xn::q5_0_q8_0_vnni::<4>),
     }
 }
 
@@ -154,9 +160,9 @@ pub(crate) fn dots_q8_0() -> Dots<BlockQ8_0> {
     Dots {
         one: q8_0_q8_0,
         cols4: cols::q8_0_q8_0::<4>,
-        x2: xn::q8_0_q8_0::<2>,
-        x3: xn::q8_0_q8_0::<3>,
-        x4: xn::q8_0_q8_0::<4>,
+        x2: pick(xn::q8_0_q8_0::<2>, xn::q8_0_q8_0_vnni::<2>),
+        x3: pick(xn::q8_0_q8_0::<3>, xn::q8_0_q8_0_vnni::<3>),
+        x4: pick(xn::q8_0_q8_0::<4>, xn::q8_0_q8_0_vnni::<4>),
     }
 }
 
@@ -164,6 +170,7 @@ pub(crate) fn dots_q8_0() -> Dots<BlockQ8_0> {
 pub(super) mod xn {
     use std::arch::x86_64::*;
 
+    use super::isa::{Avx2, Isa, Vnni};
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0, hsum8, prefetch};
 
     // SAFETY (every block here): AVX2 and FMA are target features of this build; loads
@@ -183,16 +190,13 @@ pub(super) mod xn {
     /// `acc = fma(d, float(lanes of x·y), acc)` with `x` unsigned bytes < 128.
     #[inline(always)]
     pub(in super::super) unsafe fn step(acc: __m256, d: f32, x: __m256i, y: __m256i) -> __m256 {
-        unsafe { step_v(acc, _mm256_set1_ps(d), x, y) }
+        unsafe { step_v::<Avx2>(acc, _mm256_set1_ps(d), x, y) }
     }
 
-    /// `step` with the scale already in every lane.
+    /// `step` with the scale already in every lane, the integer lanes formed by `I`.
     #[inline(always)]
-    unsafe fn step_v(acc: __m256, d: __m256, x: __m256i, y: __m256i) -> __m256 {
-        unsafe {
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
-            _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc)
-        }
+    unsafe fn step_v<I: Isa>(acc: __m256, d: __m256, x: __m256i, y: __m256i) -> __m256 {
+        unsafe { _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(I::dot4(x, y)), acc) }
     }
 
     /// `d_w * d_a` in every lane, from the weight scale already in every lane and the
@@ -206,7 +210,32 @@ pub(super) mod xn {
         a.iter().map(|a| a.len()).fold(w.len(), usize::min)
     }
 
-    pub(crate) fn q4_1_q8_1<const N: usize>(w: &[BlockQ4_1], a: [&[ActQ8]; N]) -> [f32; N] {
+    /// A grouped kernel's entry points: the AVX2 form, and the VNNI form compiled with
+    /// those instructions enabled, taken only where `isa::vnni()` holds (`super::pick`).
+    macro_rules! entries {
+        ($W:ty, $body:ident, $avx2:ident, $vnni:ident, $enabled:ident) => {
+            pub(crate) fn $avx2<const N: usize>(w: &[$W], a: [&[ActQ8]; N]) -> [f32; N] {
+                $body::<Avx2, N>(w, a)
+            }
+
+            #[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
+            unsafe fn $enabled<const N: usize>(w: &[$W], a: [&[ActQ8]; N]) -> [f32; N] {
+                $body::<Vnni, N>(w, a)
+            }
+
+            pub(crate) fn $vnni<const N: usize>(w: &[$W], a: [&[ActQ8]; N]) -> [f32; N] {
+                // SAFETY: `pick` hands this out only where the CPU has AVX-512 VNNI + VL.
+                unsafe { $enabled::<N>(w, a) }
+            }
+        };
+    }
+
+    entries!(BlockQ4_1, q4_1_rows, q4_1_q8_1, q4_1_q8_1_vnni, q4_1_q8_1_enabled);
+    entries!(BlockQ8_0, q8_0_rows, q8_0_q8_0, q8_0_q8_0_vnni, q8_0_q8_0_enabled);
+    entries!(BlockQ5_0, q5_0_rows, q5_0_q8_0, q5_0_q8_0_vnni, q5_0_q8_0_enabled);
+
+    #[inline(always)]
+    fn q4_1_rows<I: Isa, const N: usize>(w: &[BlockQ4_1], a: [&[ActQ8]; N]) -> [f32; N] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         let mut summs = [0.0f32; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
@@ -219,41 +248,43 @@ pub(super) mod xn {
                 for r in 0..N {
                     let ab = &a[r][b];
                     summs[r] = m.mul_add(ab.s, summs[r]);
-                    acc[r] = step_v(acc[r], scale(d, &ab.d), x, _mm256_loadu_si256(ab.qs.as_ptr().cast()));
+                    acc[r] = step_v::<I>(acc[r], scale(d, &ab.d), x, _mm256_loadu_si256(ab.qs.as_ptr().cast()));
                 }
             }
         }
         finish(acc, summs)
     }
 
-    /// Signed weights `qs` with scale `d` against the four rows' block `b`.
-    #[inline]
-    fn signed<const N: usize>(qs: &[i8; 32], d: f32, a: &[&[ActQ8]; N], b: usize, acc: &mut [__m256; N]) {
+    /// Signed weights `qs` with scale `d` against the rows' block `b`.
+    #[inline(always)]
+    fn signed<I: Isa, const N: usize>(qs: &[i8; 32], d: f32, a: &[&[ActQ8]; N], b: usize, acc: &mut [__m256; N]) {
         unsafe {
             let x = _mm256_loadu_si256(qs.as_ptr().cast());
             let (ax, d) = (_mm256_sign_epi8(x, x), _mm256_set1_ps(d));
             for r in 0..N {
                 let ab = &a[r][b];
                 let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
-                acc[r] = step_v(acc[r], scale(d, &ab.d), ax, _mm256_sign_epi8(y, x));
+                acc[r] = step_v::<I>(acc[r], scale(d, &ab.d), ax, _mm256_sign_epi8(y, x));
             }
         }
     }
 
-    pub(crate) fn q8_0_q8_0<const N: usize>(w: &[BlockQ8_0], a: [&[ActQ8]; N]) -> [f32; N] {
+    #[inline(always)]
+    fn q8_0_rows<I: Isa, const N: usize>(w: &[BlockQ8_0], a: [&[ActQ8]; N]) -> [f32; N] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             prefetch(wb);
-            signed(&wb.qs, wb.d.to_f32(), &a, b, &mut acc);
+            signed::<I, N>(&wb.qs, wb.d.to_f32(), &a, b, &mut acc);
         }
         finish(acc, [0.0; N])
     }
 
-    pub(crate) fn q5_0_q8_0<const N: usize>(w: &[BlockQ5_0], a: [&[ActQ8]; N]) -> [f32; N] {
+    #[inline(always)]
+    fn q5_0_rows<I: Isa, const N: usize>(w: &[BlockQ5_0], a: [&[ActQ8]; N]) -> [f32; N] {
         let mut acc = [unsafe { _mm256_setzero_ps() }; N];
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             prefetch(wb);
-            signed(&wb.qs, wb.d, &a, b, &mut acc);
+            signed::<I, N>(&wb.qs, wb.d, &a, b, &mut acc);
         }
         finish(acc, [0.0; N])
     }
@@ -272,6 +303,7 @@ mod xn {
     pub(crate) fn q5_0_q8_0<const N: usize>(w: &[BlockQ5_0], a: [&[ActQ8]; N]) -> [f32; N] {
         a.map(|a| super::q5_0_q8_0(w, a))
     }
+    pub(crate) use {q4_1_q8_1 as q4_1_q8_1_vnni, q5_0_q8_0 as q5_0_q8_0_vnni, q8_0_q8_0 as q8_0_q8_0_vnni};
 }
 
 #[cfg(test)]
@@ -349,6 +381,7 @@ mod tests {
         let w50 = parse_q5_0(&bytes(22, 3));
         fn check<W>(w: &[W], a: &[Vec<ActQ8>], dots: Dots<W>) {
             let want: Vec<u32> = a.iter().map(|a| (dots.one)(w, a).to_bits()).collect();
+            eprintln!("grouped kernels: {}", isa::describe());
             let got2 = (dots.x2)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
             let got3 = (dots.x3)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
             let got4 = (dots.x4)(w, std::array::from_fn(|r| a[r].as_slice())).map(f32::to_bits);
@@ -359,6 +392,16 @@ mod tests {
         check(&w41, &a1, dots_q4_1());
         check(&w80, &a0, dots_q8_0());
         check(&w50, &a0, dots_q5_0());
+        // The AVX2 forms too, where `pick` chose the VNNI ones.
+        let avx2 =
+            |d: Dots<BlockQ4_1>| Dots { x2: xn::q4_1_q8_1::<2>, x3: xn::q4_1_q8_1::<3>, x4: xn::q4_1_q8_1::<4>, ..d };
+        check(&w41, &a1, avx2(dots_q4_1()));
+        let avx2 =
+            |d: Dots<BlockQ8_0>| Dots { x2: xn::q8_0_q8_0::<2>, x3: xn::q8_0_q8_0::<3>, x4: xn::q8_0_q8_0::<4>, ..d };
+        check(&w80, &a0, avx2(dots_q8_0()));
+        let avx2 =
+            |d: Dots<BlockQ5_0>| Dots { x2: xn::q5_0_q8_0::<2>, x3: xn::q5_0_q8_0::<3>, x4: xn::q5_0_q8_0::<4>, ..d };
+        check(&w50, &a0, avx2(dots_q5_0()));
     }
 
     /// Dequantize-and-multiply reference (exact up to activation quantization).

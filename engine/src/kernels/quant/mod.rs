@@ -15,6 +15,7 @@
 pub(crate) mod act;
 mod cols;
 mod dot;
+pub(crate) mod isa;
 mod kquants;
 mod krows;
 mod simd;
