@@ -1,7 +1,8 @@
-//! `GET /stats`: the gateway's counters plus each ready engine's own (`/admin/stats` on
-//! its socket, typed by `protocol::engine_wire::EngineStats`). Engines are asked at once
-//! and a slow or dead one is shown as stale after `stats_timeout` instead of holding the
-//! answer up.
+//! `GET /stats` and `GET /metrics`: the gateway's and the pool's counters plus each ready
+//! engine's own (`/admin/stats` on its socket, typed by `protocol::engine_wire::EngineStats`).
+//! Engines are asked at once and a slow or dead one is shown as stale after
+//! `stats_timeout` instead of holding the answer up. `/stats` is JSON; `/metrics` is the
+//! same figures in the Prometheus text format (`metrics.rs` writes it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,10 +15,11 @@ use serde::Serialize;
 
 use crate::app::App;
 use crate::body::Body;
+use crate::metrics::{self, PoolFigures, Scrape};
 use crate::respond;
 use crate::stats::GatewayView;
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum EngineEntry {
     Live(Box<EngineStats>),
@@ -42,8 +44,8 @@ async fn engine_stats(socket: std::path::PathBuf, timeout: std::time::Duration) 
     }
 }
 
-pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
-    let gateway = app.stats.view(app.pool.counters(), app.in_flight.get());
+/// Every ready engine's stats, asked at once, each within `stats_timeout`.
+async fn engines(app: &App) -> BTreeMap<String, EngineEntry> {
     let timeout = app.cfg.stats_timeout;
     let mut set = tokio::task::JoinSet::new();
     for (model, socket) in app.pool.ready_sockets() {
@@ -55,5 +57,40 @@ pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
             engines.insert(m, e);
         }
     }
+    engines
+}
+
+pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
+    let gateway = app.stats.view(app.pool.counters(), app.in_flight.get());
+    let engines = engines(app).await;
     respond::json(serde_json::to_string(&StatsView { gateway, engines }).unwrap_or_default())
+}
+
+pub async fn metrics_route(app: &Arc<App>) -> Response<Body> {
+    let c = app.pool.counters();
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let pool = PoolFigures {
+        resident: app.pool.snapshot().pool.resident.len(),
+        spawns: ld(&c.spawns),
+        respawns: ld(&c.respawns),
+        evictions: ld(&c.evictions),
+        crashes: ld(&c.crashes),
+        switch_seconds: c.switch_seconds(),
+    };
+    let scrape = Scrape {
+        requests: app.stats.requests(),
+        in_flight: app.in_flight.get(),
+        proxy_errors: ld(&app.stats.proxy_errors),
+        pool,
+        engines: engines(app).await,
+    };
+    match metrics::render(scrape) {
+        Ok(text) => respond::text(metrics::CONTENT_TYPE, text),
+        Err(e) => {
+            tracing::error!(error = %e, "metrics could not be written");
+            let e =
+                corral_protocol::ApiError::new(corral_protocol::ErrorKind::Internal, "metrics could not be written");
+            respond::error(corral_protocol::ApiShape::OpenAi, &e)
+        }
+    }
 }
