@@ -11,7 +11,7 @@ use bytes::Bytes;
 use corral_pool::unix_http;
 use corral_protocol::engine_wire::EngineStats;
 use http::Response;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::body::Body;
@@ -19,14 +19,17 @@ use crate::metrics::{self, PoolFigures, Scrape};
 use crate::respond;
 use crate::stats::GatewayView;
 
-#[derive(Debug, Serialize)]
+/// One engine in `/stats`. Read back (by `corral stats`) stale first: every field of
+/// `EngineStats` has a default, so any object would read as a live one.
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum EngineEntry {
-    Live(Box<EngineStats>),
     Stale { stale: bool, error: String },
+    Live(Box<EngineStats>),
 }
 
-#[derive(Serialize)]
+/// `GET /stats`.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct StatsView {
     pub gateway: GatewayView,
     pub engines: BTreeMap<String, EngineEntry>,
@@ -92,5 +95,24 @@ pub async fn metrics_route(app: &Arc<App>) -> Response<Body> {
                 corral_protocol::ApiError::new(corral_protocol::ErrorKind::Internal, "metrics could not be written");
             respond::error(corral_protocol::ApiShape::OpenAi, &e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stats_answer_reads_back_with_its_stale_engines_stale() {
+        let json = r#"{"gateway":{"pid":1,"uptime_s":2.5,"requests_total":3,"requests_by_route":{"/stats":3},
+            "responses_by_status":{"200":3},"in_flight":0,"proxy_errors":0,"switches":0,"last_switch_ms":0,
+            "spawns":1,"respawns":0,"evictions":0,"crashes":0},
+            "engines":{"a":{"model":"a","pid":7,"requests_total":4},"b":{"stale":true,"error":"timed out"}}}"#;
+        let v: StatsView = serde_json::from_str(json).unwrap();
+        assert_eq!(v.gateway.requests_by_route["/stats"], 3);
+        assert!(matches!(&v.engines["a"], EngineEntry::Live(s) if s.pid == 7 && s.requests_total == 4));
+        assert!(matches!(&v.engines["b"], EngineEntry::Stale { error, .. } if error == "timed out"));
+        let again: serde_json::Value = serde_json::to_value(&v).unwrap();
+        assert_eq!(again["engines"]["b"], serde_json::json!({"stale": true, "error": "timed out"}));
     }
 }

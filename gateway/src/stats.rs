@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Responses by (route label, status code).
 pub type RequestCounts = BTreeMap<(&'static str, u16), u64>;
@@ -21,7 +21,8 @@ pub struct GatewayStats {
     requests: Mutex<RequestCounts>,
 }
 
-#[derive(Serialize)]
+/// The gateway's part of `/stats` (read back by `corral stats`).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct GatewayView {
     pub pid: u32,
     pub uptime_s: f64,
