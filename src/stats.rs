@@ -99,9 +99,9 @@ fn gateway(g: &GatewayView) -> String {
             (
                 "engines",
                 format!(
-                    "{} ({} after a crash), {}, {}; {switches}",
+                    "{}{}, {}, {}; {switches}",
                     plural(g.spawns, "spawn", "spawns"),
-                    count(g.respawns),
+                    if g.respawns > 0 { format!(" ({} after a crash)", count(g.respawns)) } else { String::new() },
                     plural(g.evictions, "eviction", "evictions"),
                     plural(g.crashes, "crash", "crashes"),
                 ),
