@@ -156,7 +156,12 @@ impl Collector for Families {
         )?;
         counter(e, "engine_spawns", "Engine processes started.", [(vec![], p.spawns)])?;
         counter(e, "engine_respawns", "Engine processes started again after a crash.", [(vec![], p.respawns)])?;
-        counter(e, "engine_evictions", "Engines stopped to make room for another model.", [(vec![], p.evictions)])?;
+        counter(
+            e,
+            "engine_evictions",
+            "Engines stopped for another model or idle past their keep-alive.",
+            [(vec![], p.evictions)],
+        )?;
         counter(e, "engine_crashes", "Engine processes that died unexpectedly.", [(vec![], p.crashes)])?;
         histogram(
             e,
