@@ -22,8 +22,9 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub struct StatsArgs {
     #[command(flatten)]
     target: Target,
-    /// Print the gateway's JSON answer as it came.
-    #[arg(long, env = "CORRAL_JSON")]
+    /// Print the gateway's JSON answer as it came (as `fit --json`, no env var: an
+    /// exported one would change what a person reads).
+    #[arg(long)]
     json: bool,
 }
 
