@@ -1,10 +1,16 @@
 //! The `corral` binary: one verb per mode. `run` generates once in-process.
 
 mod bench;
+mod client;
+mod controls;
 mod engine_cmd;
 mod fit;
+mod human;
+mod ps;
 mod run;
 mod serve;
+mod stats;
+mod table;
 
 use std::process::ExitCode;
 
@@ -33,6 +39,14 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Will a model fit the memory budget, and how fast can it decode here?
     Fit(fit::FitArgs),
+    /// List the engines a running gateway holds: model, state, pid, memory, uptime.
+    Ps(ps::PsArgs),
+    /// Show a running gateway's counters and each engine's (`--json`: as sent).
+    Stats(stats::StatsArgs),
+    /// Start a model's engine on a running gateway and wait until it is ready.
+    Load(controls::ControlArgs),
+    /// Stop a model's engine on a running gateway (drained, its prompt cache saved).
+    Stop(controls::ControlArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +60,10 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
         Command::Fit(args) => fit::run(args),
+        Command::Ps(args) => ps::ps(args),
+        Command::Stats(args) => stats::stats(args),
+        Command::Load(args) => controls::load(args),
+        Command::Stop(args) => controls::stop(args),
         Command::Serve(args) => match serve::serve(*args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),

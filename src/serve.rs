@@ -128,7 +128,7 @@ pub struct ServeArgs {
 }
 
 /// `90`, `90s`, `500ms`, `5m`, `2h`, `30d`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
     let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;

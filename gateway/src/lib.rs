@@ -6,18 +6,21 @@
 //! Layout, one job per file: `app` (shared state and config), `routes` (the route table,
 //! request spans, dispatch), `respond` (the one error → HTTP site), `proxy` (forwarding)
 //! with `proxy_error` (what can fail and what follows) and `body` (pass-through bodies),
-//! `monitor` (`/stats`), `stats` (counters), `stored` (the Responses store: bounds and
-//! persistence) with `stored_routes` (`previous_response_id` expansion, capturing
-//! answers, `GET`/`DELETE /v1/responses/{id}`), `ui` (the web UI's embedded files),
+//! `monitor` (`/stats`, `/metrics`) with `metrics` (the Prometheus text format) and
+//! `stats` (counters), `stored` (the Responses store: bounds and persistence) with
+//! `stored_routes` (`previous_response_id` expansion, capturing answers,
+//! `GET`/`DELETE /v1/responses/{id}`), `ui` (the web UI's embedded files),
 //! `model_controls` (`POST /api/models/{id}/load|unload`), `open` (the browser at an
 //! interactive start), `guard` (the Host and Origin rules every request passes first),
 //! `server` (process lifetime and shutdown).
 //! Dependencies point one way:
-//! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`.
+//! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`;
+//! `monitor → metrics`.
 
 pub mod app;
 pub mod body;
 pub mod guard;
+pub mod metrics;
 pub mod model_controls;
 pub mod monitor;
 pub mod open;

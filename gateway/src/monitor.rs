@@ -1,7 +1,8 @@
-//! `GET /stats`: the gateway's counters plus each ready engine's own (`/admin/stats` on
-//! its socket, typed by `protocol::engine_wire::EngineStats`). Engines are asked at once
-//! and a slow or dead one is shown as stale after `stats_timeout` instead of holding the
-//! answer up.
+//! `GET /stats` and `GET /metrics`: the gateway's and the pool's counters plus each ready
+//! engine's own (`/admin/stats` on its socket, typed by `protocol::engine_wire::EngineStats`).
+//! Engines are asked at once and a slow or dead one is shown as stale after
+//! `stats_timeout` instead of holding the answer up. `/stats` is JSON; `/metrics` is the
+//! same figures in the Prometheus text format (`metrics.rs` writes it).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,21 +11,25 @@ use bytes::Bytes;
 use corral_pool::unix_http;
 use corral_protocol::engine_wire::EngineStats;
 use http::Response;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::body::Body;
+use crate::metrics::{self, PoolFigures, Scrape};
 use crate::respond;
 use crate::stats::GatewayView;
 
-#[derive(Serialize)]
+/// One engine in `/stats`. Read back (by `corral stats`) stale first: every field of
+/// `EngineStats` has a default, so any object would read as a live one.
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum EngineEntry {
-    Live(Box<EngineStats>),
     Stale { stale: bool, error: String },
+    Live(Box<EngineStats>),
 }
 
-#[derive(Serialize)]
+/// `GET /stats`.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct StatsView {
     pub gateway: GatewayView,
     pub engines: BTreeMap<String, EngineEntry>,
@@ -42,8 +47,8 @@ async fn engine_stats(socket: std::path::PathBuf, timeout: std::time::Duration) 
     }
 }
 
-pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
-    let gateway = app.stats.view(app.pool.counters(), app.in_flight.get());
+/// Every ready engine's stats, asked at once, each within `stats_timeout`.
+async fn engines(app: &App) -> BTreeMap<String, EngineEntry> {
     let timeout = app.cfg.stats_timeout;
     let mut set = tokio::task::JoinSet::new();
     for (model, socket) in app.pool.ready_sockets() {
@@ -55,5 +60,59 @@ pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
             engines.insert(m, e);
         }
     }
+    engines
+}
+
+pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
+    let gateway = app.stats.view(app.pool.counters(), app.in_flight.get());
+    let engines = engines(app).await;
     respond::json(serde_json::to_string(&StatsView { gateway, engines }).unwrap_or_default())
+}
+
+pub async fn metrics_route(app: &Arc<App>) -> Response<Body> {
+    let c = app.pool.counters();
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let pool = PoolFigures {
+        resident: app.pool.snapshot().pool.resident.len(),
+        spawns: ld(&c.spawns),
+        respawns: ld(&c.respawns),
+        evictions: ld(&c.evictions),
+        crashes: ld(&c.crashes),
+        switch_seconds: c.switch_seconds(),
+    };
+    let scrape = Scrape {
+        requests: app.stats.requests(),
+        in_flight: app.in_flight.get(),
+        proxy_errors: ld(&app.stats.proxy_errors),
+        pool,
+        engines: engines(app).await,
+    };
+    match metrics::render(scrape) {
+        Ok(text) => respond::text(metrics::CONTENT_TYPE, text),
+        Err(e) => {
+            tracing::error!(error = %e, "metrics could not be written");
+            let e =
+                corral_protocol::ApiError::new(corral_protocol::ErrorKind::Internal, "metrics could not be written");
+            respond::error(corral_protocol::ApiShape::OpenAi, &e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stats_answer_reads_back_with_its_stale_engines_stale() {
+        let json = r#"{"gateway":{"pid":1,"uptime_s":2.5,"requests_total":3,"requests_by_route":{"/stats":3},
+            "responses_by_status":{"200":3},"in_flight":0,"proxy_errors":0,"switches":0,"last_switch_ms":0,
+            "spawns":1,"respawns":0,"evictions":0,"crashes":0},
+            "engines":{"a":{"model":"a","pid":7,"requests_total":4},"b":{"stale":true,"error":"timed out"}}}"#;
+        let v: StatsView = serde_json::from_str(json).unwrap();
+        assert_eq!(v.gateway.requests_by_route["/stats"], 3);
+        assert!(matches!(&v.engines["a"], EngineEntry::Live(s) if s.pid == 7 && s.requests_total == 4));
+        assert!(matches!(&v.engines["b"], EngineEntry::Stale { error, .. } if error == "timed out"));
+        let again: serde_json::Value = serde_json::to_value(&v).unwrap();
+        assert_eq!(again["engines"]["b"], serde_json::json!({"stale": true, "error": "timed out"}));
+    }
 }

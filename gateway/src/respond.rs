@@ -14,3 +14,10 @@ pub fn error(shape: ApiShape, e: &ApiError) -> Response<Body> {
 pub fn json(body: impl Into<bytes::Bytes>) -> Response<Body> {
     corral_net::respond::json_response(body)
 }
+
+/// A whole body of another type than JSON (`/metrics`' text format).
+pub fn text(content_type: &'static str, body: impl Into<bytes::Bytes>) -> Response<Body> {
+    let mut r = Response::new(Body::from(body.into()));
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r
+}

@@ -22,6 +22,8 @@ pub enum Route {
     Health,
     Engine,
     Stats,
+    /// `GET /metrics`: the Prometheus text format.
+    Metrics,
     Models,
     ChatCompletions,
     Completions,
@@ -44,10 +46,11 @@ pub enum Route {
     UnloadModel,
 }
 
-const ALL: [Route; 15] = [
+const ALL: [Route; 16] = [
     Route::Health,
     Route::Engine,
     Route::Stats,
+    Route::Metrics,
     Route::Models,
     Route::ChatCompletions,
     Route::Completions,
@@ -98,6 +101,7 @@ impl Route {
             Route::Health => "/health",
             Route::Engine => "/engine",
             Route::Stats => "/stats",
+            Route::Metrics => "/metrics",
             Route::Models => "/v1/models",
             Route::ChatCompletions => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
@@ -250,6 +254,7 @@ async fn dispatch(app: &Arc<App>, route: Route, req: Request<Incoming>) -> Respo
         Route::Engine => respond::json(serde_json::to_string(&app.pool.snapshot()).unwrap_or_default()),
         Route::Models => respond::json(serde_json::to_string(&app.pool.models()).unwrap_or_default()),
         Route::Stats => monitor::stats_route(app).await,
+        Route::Metrics => monitor::metrics_route(app).await,
         Route::StoredResponse => stored_routes::by_id(app, req.method(), req.uri().path()),
         Route::Page => ui::page(req.headers()),
         Route::Asset => ui::asset(req.uri().path(), req.headers()),
@@ -298,6 +303,7 @@ mod tests {
             assert_eq!(Route::parse(&Method::GET, path), Err(Refused::NotFound(path.to_owned())), "{path}");
         }
         assert!(Route::ChatCompletions.proxied() && !Route::Stats.proxied() && !Route::StoredResponse.proxied());
+        assert_eq!(Route::parse(&Method::GET, "/metrics"), Ok(Route::Metrics));
     }
 
     #[test]

@@ -1,22 +1,28 @@
-//! Gateway counters for `GET /stats`. Counters only: nothing here decides anything
-//! (shutdown waits on `App::in_flight`, a gauge, not on these).
+//! Gateway counters for `GET /stats` and `GET /metrics`. Counters only: nothing here
+//! decides anything (shutdown waits on `App::in_flight`, a gauge, not on these).
+//!
+//! Requests are counted once, by (route label, status): `/stats` shows the two sums,
+//! `/metrics` the pairs. Route labels are the route table's paths (or `other`), so the
+//! map stays small whatever clients send.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+/// Responses by (route label, status code).
+pub type RequestCounts = BTreeMap<(&'static str, u16), u64>;
 
 pub struct GatewayStats {
     started: Instant,
-    pub requests_total: AtomicU64,
     pub proxy_errors: AtomicU64,
-    by_route: Mutex<BTreeMap<String, u64>>,
-    by_status: Mutex<BTreeMap<u16, u64>>,
+    requests: Mutex<RequestCounts>,
 }
 
-#[derive(Serialize)]
+/// The gateway's part of `/stats` (read back by `corral stats`).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct GatewayView {
     pub pid: u32,
     pub uptime_s: f64,
@@ -35,36 +41,28 @@ pub struct GatewayView {
 
 impl GatewayStats {
     pub fn new() -> Self {
-        Self {
-            started: Instant::now(),
-            requests_total: AtomicU64::new(0),
-            proxy_errors: AtomicU64::new(0),
-            by_route: Mutex::new(BTreeMap::new()),
-            by_status: Mutex::new(BTreeMap::new()),
-        }
+        Self { started: Instant::now(), proxy_errors: AtomicU64::new(0), requests: Mutex::new(BTreeMap::new()) }
     }
 
-    /// Count a request by route (known routes only, so the map stays small).
-    pub fn count(&self, route: &str, status: u16) {
-        self.requests_total.fetch_add(1, Ordering::Relaxed);
-        *self.by_route.lock().unwrap_or_else(|e| e.into_inner()).entry(route.to_owned()).or_default() += 1;
-        *self.by_status.lock().unwrap_or_else(|e| e.into_inner()).entry(status).or_default() += 1;
+    /// Count a response by its route label and status.
+    pub fn count(&self, route: &'static str, status: u16) {
+        *self.requests.lock().unwrap_or_else(|e| e.into_inner()).entry((route, status)).or_default() += 1;
+    }
+
+    /// Every (route, status) pair counted so far.
+    pub fn requests(&self) -> RequestCounts {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn view(&self, pool: &corral_pool::pool::Counters, in_flight: usize) -> GatewayView {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (requests_total, requests_by_route, responses_by_status) = sums(&self.requests());
         GatewayView {
             pid: std::process::id(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            requests_total: ld(&self.requests_total),
-            requests_by_route: self.by_route.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            responses_by_status: self
-                .by_status
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            requests_total,
+            requests_by_route,
+            responses_by_status,
             in_flight,
             proxy_errors: ld(&self.proxy_errors),
             switches: ld(&pool.switches),
@@ -77,8 +75,39 @@ impl GatewayStats {
     }
 }
 
+/// The total, and the counts summed by route and by status.
+fn sums(counts: &RequestCounts) -> (u64, BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let (mut by_route, mut by_status) = (BTreeMap::new(), BTreeMap::new());
+    for ((route, status), n) in counts {
+        *by_route.entry((*route).to_owned()).or_default() += n;
+        *by_status.entry(status.to_string()).or_default() += n;
+    }
+    (counts.values().sum(), by_route, by_status)
+}
+
 impl Default for GatewayStats {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_count_per_response_shows_by_route_and_by_status() {
+        let s = GatewayStats::new();
+        for (route, status) in [("/health", 200), ("/health", 200), ("/v1/models", 200), ("other", 404)] {
+            s.count(route, status);
+        }
+        assert_eq!(s.requests()[&("/health", 200)], 2);
+        let (total, by_route, by_status) = sums(&s.requests());
+        assert_eq!(total, 4);
+        assert_eq!(
+            by_route.into_iter().collect::<Vec<_>>(),
+            [("/health".to_owned(), 2), ("/v1/models".to_owned(), 1), ("other".to_owned(), 1)]
+        );
+        assert_eq!(by_status.into_iter().collect::<Vec<_>>(), [("200".to_owned(), 3), ("404".to_owned(), 1)]);
     }
 }

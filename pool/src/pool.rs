@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use corral_protocol::ModelId;
+use corral_protocol::histogram::Histogram;
 use corral_protocol::launch::{EngineLaunch, EngineOptions};
 use corral_protocol::openai::ModelCard;
 use nix::sys::signal::Signal;
@@ -64,7 +65,10 @@ pub struct PoolConfig {
     pub keep_alive: Option<Duration>,
 }
 
-#[derive(Default)]
+/// Bucket bounds of a model switch, seconds (a small model on a GPU loads in a fraction
+/// of a second; a large one from a cold disk in minutes).
+pub const SWITCH_BOUNDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
 pub struct Counters {
     pub spawns: AtomicU64,
     pub respawns: AtomicU64,
@@ -72,6 +76,29 @@ pub struct Counters {
     pub crashes: AtomicU64,
     pub switches: AtomicU64,
     pub last_switch_ms: AtomicU64,
+    /// Every switch's duration: from the request that caused it to the new engine ready.
+    pub switch_seconds: Mutex<Histogram>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            spawns: AtomicU64::new(0),
+            respawns: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            crashes: AtomicU64::new(0),
+            switches: AtomicU64::new(0),
+            last_switch_ms: AtomicU64::new(0),
+            switch_seconds: Mutex::new(Histogram::new(&SWITCH_BOUNDS)),
+        }
+    }
+}
+
+impl Counters {
+    /// The switch durations so far.
+    pub fn switch_seconds(&self) -> Histogram {
+        self.switch_seconds.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// One model: its machine plus what the driver and the views keep beside it.
@@ -389,6 +416,7 @@ impl Shared {
                 Effect::Switched(d) => {
                     self.counters.switches.fetch_add(1, Ordering::Relaxed);
                     self.counters.last_switch_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+                    self.counters.switch_seconds.lock().unwrap_or_else(|e| e.into_inner()).observe(d.as_secs_f64());
                 }
                 Effect::Evict { keep_self } => self.evict_over_limits(keep_self.then_some(id)),
             }

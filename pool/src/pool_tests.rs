@@ -251,6 +251,9 @@ async fn eviction_waits_for_the_new_engine_then_kills_a_stuck_old_one_at_its_dea
     assert_eq!(state(&pool, "b"), "ready");
     assert_eq!(pool.counters().switches.load(Ordering::Relaxed), 1);
     assert_eq!(pool.counters().last_switch_ms.load(Ordering::Relaxed), 2000);
+    let h = pool.counters().switch_seconds();
+    assert_eq!((h.count, h.sum), (1, 2.0));
+    assert_eq!(h.buckets().find(|(_, n)| *n == 1), Some((2.5, 1)), "in the (1 s, 2.5 s] bucket");
 }
 
 #[tokio::test(start_paused = true)]

@@ -17,6 +17,9 @@ pub struct PoolView {
     pub resident: Vec<String>,
     pub memory_budget_bytes: u64,
     pub default: Option<String>,
+    /// `--keep-alive` in seconds: an idle ready engine stops this long after its last
+    /// use (`null`: engines stay until evicted).
+    pub keep_alive_s: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -74,6 +77,7 @@ impl Pool {
                     .collect(),
                 memory_budget_bytes: cfg.memory_budget,
                 default: (g.models.len() == 1).then(|| g.models.keys().next().map(|k| k.to_string())).flatten(),
+                keep_alive_s: cfg.keep_alive.map(|d| d.as_secs()),
             },
             engines,
         }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::histogram::Histogram;
+
 /// A JSON line an engine prints on stdout. Today only `ready`: once the model is loaded
 /// and the socket accepts connections. Lines that do not parse as an event are ignored.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -168,6 +170,11 @@ pub struct EngineStats {
     pub last: Option<RequestTiming>,
     /// Exponential moving averages (weight 0.2 for the newest request).
     pub avg: Averages,
+    /// Time to first token of each request since the engine started: from its arrival
+    /// at the engine to its first generated token (parsing, queue and prefill).
+    pub ttft_seconds: Histogram,
+    /// Decode rate of each request that generated two tokens or more.
+    pub decode_tokens_per_second: Histogram,
     pub memory: Memory,
     /// What the engine computes on.
     pub device: DeviceStats,

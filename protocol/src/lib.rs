@@ -9,6 +9,7 @@
 pub mod anthropic;
 pub mod engine_wire;
 pub mod error;
+pub mod histogram;
 pub mod http_limits;
 pub mod launch;
 mod model_id;

@@ -55,8 +55,14 @@ impl Drop for TempDir {
 
 /// Run `corral` with `args`, killing it if it outlives `deadline`.
 pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
+    run_corral_env(args, &[], deadline)
+}
+
+/// As `run_corral`, with extra environment variables.
+pub fn run_corral_env(args: &[&str], envs: &[(&str, &str)], deadline: Duration) -> Output {
     let mut child = Command::new(bin())
         .args(args)
+        .envs(envs.iter().copied())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

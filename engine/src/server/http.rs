@@ -185,6 +185,7 @@ fn validate(app: &App, api: Api, bytes: &[u8], expanded: bool) -> Result<(Valida
 }
 
 async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<Body> {
+    let arrived = std::time::Instant::now();
     app.stats.requests_total.fetch_add(1, Ordering::Relaxed);
     let shape = api.shape();
     // Counted before the drain flag is read, so a drain never misses an admitted request.
@@ -218,7 +219,7 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
     params.max_tokens = admitted.max_tokens;
     warnings.extend(admitted.warning);
     let (events, rx) = mpsc::unbounded_channel();
-    if let Err(e) = app.worker.submit(Job { prompt, params, events, kv_bytes: admitted.kv_bytes }) {
+    if let Err(e) = app.worker.submit(Job { prompt, params, events, kv_bytes: admitted.kv_bytes, arrived }) {
         return failed(&app, &e);
     }
     let mut r = match parsed {

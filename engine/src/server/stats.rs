@@ -5,14 +5,29 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use corral_protocol::engine_wire::{Averages, BatchStats, EngineStats, Memory, RequestTiming};
+use corral_protocol::histogram::Histogram;
 
 use crate::generate::Outcome;
 
 /// Weight of the newest request in the moving averages.
 const EMA: f64 = 0.2;
+
+/// Bucket bounds of the time to first token, seconds: from a cached prompt on a GPU to a
+/// long prompt read on a laptop's CPU.
+const TTFT_BOUNDS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// Bucket bounds of a request's decode rate, tokens per second.
+const DECODE_BOUNDS: [f64; 11] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0];
+
+/// What is kept per finished request, behind one lock.
+struct Timings {
+    last: Option<RequestTiming>,
+    avg: Averages,
+    ttft: Histogram,
+    decode: Histogram,
+}
 
 pub struct Stats {
     started: Instant,
@@ -29,7 +44,7 @@ pub struct Stats {
     pub batched_steps: AtomicU64,
     /// KV bytes the running rows hold in reserve.
     pub kv_bytes: AtomicU64,
-    timings: Mutex<(Option<RequestTiming>, Averages)>,
+    timings: Mutex<Timings>,
 }
 
 impl Stats {
@@ -48,11 +63,18 @@ impl Stats {
             steps: AtomicU64::new(0),
             batched_steps: AtomicU64::new(0),
             kv_bytes: AtomicU64::new(0),
-            timings: Mutex::new((None, Averages::default())),
+            timings: Mutex::new(Timings {
+                last: None,
+                avg: Averages::default(),
+                ttft: Histogram::new(&TTFT_BOUNDS),
+                decode: Histogram::new(&DECODE_BOUNDS),
+            }),
         }
     }
 
-    pub fn record(&self, o: &Outcome) {
+    /// A request left the batch; `ttft` is from its arrival to its first token, when it
+    /// generated one.
+    pub fn record(&self, o: &Outcome, ttft: Option<Duration>) {
         self.prompt_tokens_total.fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
         let t = RequestTiming {
             prompt_tokens: o.prompt_tokens,
@@ -64,12 +86,16 @@ impl Stats {
         let mut g = self.timings.lock().unwrap_or_else(|e| e.into_inner());
         let ema = |old: f64, new: f64| if old == 0.0 { new } else { old * (1.0 - EMA) + new * EMA };
         if t.prefill_tok_s > 0.0 {
-            g.1.prefill_tok_s = ema(g.1.prefill_tok_s, t.prefill_tok_s);
+            g.avg.prefill_tok_s = ema(g.avg.prefill_tok_s, t.prefill_tok_s);
         }
         if t.decode_tok_s > 0.0 {
-            g.1.decode_tok_s = ema(g.1.decode_tok_s, t.decode_tok_s);
+            g.avg.decode_tok_s = ema(g.avg.decode_tok_s, t.decode_tok_s);
+            g.decode.observe(t.decode_tok_s);
         }
-        g.0 = Some(t);
+        if let Some(d) = ttft {
+            g.ttft.observe(d.as_secs_f64());
+        }
+        g.last = Some(t);
     }
 
     /// One forward pass over `rows` rows.
@@ -113,8 +139,10 @@ impl Stats {
                 kv_budget_bytes,
             },
             ctx,
-            last: g.0.clone(),
-            avg: g.1.clone(),
+            last: g.last.clone(),
+            avg: g.avg.clone(),
+            ttft_seconds: g.ttft.clone(),
+            decode_tokens_per_second: g.decode.clone(),
             memory: Memory { rss_bytes: rss, model_file_bytes, budget_bytes: memory_budget_bytes, used_bytes: rss },
             device,
             prompt_cache,

@@ -38,6 +38,8 @@ pub struct Job {
     /// KV bytes it may grow to (`admission::admit`), held while it runs.
     pub kv_bytes: u64,
     pub events: mpsc::UnboundedSender<Event>,
+    /// When the request reached the engine: its time to first token counts from here.
+    pub arrived: Instant,
 }
 
 /// How the generation thread runs.
@@ -99,6 +101,8 @@ struct Sink<'a> {
     events: &'a mpsc::UnboundedSender<Event>,
     stats: &'a Stats,
     cancel_all: &'a AtomicBool,
+    /// Set at the request's first generated token.
+    first_token: &'a mut Option<Instant>,
 }
 
 impl Observer for Sink<'_> {
@@ -108,6 +112,7 @@ impl Observer for Sink<'_> {
 
     fn on_token(&mut self, tok: &TokenOut) -> bool {
         self.stats.generated_tokens_total.fetch_add(1, Ordering::Relaxed);
+        self.first_token.get_or_insert_with(Instant::now);
         // Never blocks: a slow reader must not hold up the other rows of a batch.
         self.keep_going() && self.events.send(Event::Token(tok.clone())).is_ok()
     }
@@ -124,6 +129,8 @@ struct Active {
     prompt: Vec<u32>,
     events: mpsc::UnboundedSender<Event>,
     failed: Option<ApiError>,
+    arrived: Instant,
+    first_token: Option<Instant>,
 }
 
 struct Ctx<'a> {
@@ -205,7 +212,15 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
         Ok(seq) => {
             cx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
             cx.stats.submitted_rows.fetch_add(1, Ordering::Relaxed);
-            Some(Active { seq, kv_bytes: job.kv_bytes, prompt: job.prompt, events: job.events, failed: None })
+            Some(Active {
+                seq,
+                kv_bytes: job.kv_bytes,
+                prompt: job.prompt,
+                events: job.events,
+                failed: None,
+                arrived: job.arrived,
+                first_token: None,
+            })
         }
         Err(e) => {
             cx.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
@@ -221,7 +236,8 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
 /// their pace while a long prompt arrives.
 fn step(cx: &Ctx<'_>, pacer: &mut Pacer, active: &mut [Active]) {
     for a in active.iter_mut() {
-        let mut sink = Sink { events: &a.events, stats: cx.stats, cancel_all: cx.cancel_all };
+        let mut sink =
+            Sink { events: &a.events, stats: cx.stats, cancel_all: cx.cancel_all, first_token: &mut a.first_token };
         if a.seq.prefilling() && !sink.keep_going() {
             a.seq.cancel(&mut sink);
         }
@@ -255,7 +271,12 @@ fn step(cx: &Ctx<'_>, pacer: &mut Pacer, active: &mut [Active]) {
     match result {
         Ok(logits) => {
             for (a, l) in running.zip(logits) {
-                let mut sink = Sink { events: &a.events, stats: cx.stats, cancel_all: cx.cancel_all };
+                let mut sink = Sink {
+                    events: &a.events,
+                    stats: cx.stats,
+                    cancel_all: cx.cancel_all,
+                    first_token: &mut a.first_token,
+                };
                 if let Err(e) = a.seq.advance(l, &cx.engine.tokenizer, &mut sink) {
                     tracing::error!(error = %e, "generation failed");
                     a.failed = Some(ApiError::from(&e));
@@ -296,7 +317,7 @@ fn complete(cx: &Ctx<'_>, a: Active) {
     let mut seen = a.prompt;
     seen.extend_from_slice(&outcome.tokens);
     cx.pc.store(&seen, cache);
-    cx.stats.record(&outcome);
+    cx.stats.record(&outcome, a.first_token.map(|t| t.duration_since(a.arrived)));
     if !outcome.mask.is_zero() {
         tracing::debug!(
             mask_us = outcome.mask.as_micros() as u64,
