@@ -9,6 +9,7 @@ mod human;
 mod ps;
 mod run;
 mod serve;
+mod service;
 mod stats;
 mod table;
 
@@ -47,6 +48,8 @@ enum Command {
     Load(controls::ControlArgs),
     /// Stop a model's engine on a running gateway (drained, its prompt cache saved).
     Stop(controls::ControlArgs),
+    /// Run `corral serve` as a login service (systemd user unit, macOS LaunchAgent).
+    Service(service::ServiceArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
         Command::Stats(args) => stats::stats(args),
         Command::Load(args) => controls::load(args),
         Command::Stop(args) => controls::stop(args),
+        Command::Service(args) => service::service(args),
         Command::Serve(args) => match serve::serve(*args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),
@@ -81,14 +85,23 @@ fn main() -> ExitCode {
 }
 
 /// Human-readable logs for interactive verbs; JSON lines for child processes, whose
-/// stderr the pool parses and re-emits.
-fn init_logging(json: bool) {
+/// stderr the pool parses and re-emits. Under a service (`CORRAL_LOG_FORMAT=json`, set
+/// by the files `corral service install` writes) JSON lines too, and into a size-bounded
+/// file when `CORRAL_LOG_FILE` names one (launchd does not rotate).
+fn init_logging(child: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,corral=info,corral_engine=info"));
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    if json {
-        fmt.json().flatten_event(true).init();
-    } else {
-        fmt.compact().init();
+    let json = child || std::env::var("CORRAL_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let file = std::env::var_os("CORRAL_LOG_FILE").filter(|f| !f.is_empty() && !child).and_then(|f| {
+        service::logfile::LogFile::open(std::path::Path::new(&f), service::logfile::MAX_BYTES, service::logfile::KEEP)
+            .map_err(|e| eprintln!("corral: cannot open log file {}: {e}; logging to stderr", f.to_string_lossy()))
+            .ok()
+    });
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    match (file, json) {
+        (Some(f), true) => fmt.with_writer(f).json().flatten_event(true).init(),
+        (Some(f), false) => fmt.with_writer(f).with_ansi(false).compact().init(),
+        (None, true) => fmt.with_writer(std::io::stderr).json().flatten_event(true).init(),
+        (None, false) => fmt.with_writer(std::io::stderr).compact().init(),
     }
 }
