@@ -3,6 +3,9 @@
 mod bench;
 mod engine_cmd;
 mod fit;
+mod ls;
+mod models;
+mod pull;
 mod run;
 mod serve;
 
@@ -33,6 +36,10 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Will a model fit the memory budget, and how fast can it decode here?
     Fit(fit::FitArgs),
+    /// Download a GGUF model from Hugging Face into its shared cache.
+    Pull(pull::PullArgs),
+    /// List the models found (models directory and Hugging Face cache).
+    Ls(ls::LsArgs),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +53,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::bench(args),
         Command::Fit(args) => fit::run(args),
+        Command::Pull(args) => pull::pull(args),
+        Command::Ls(args) => ls::ls(args),
         Command::Serve(args) => match serve::serve(*args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),

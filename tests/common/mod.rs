@@ -55,9 +55,15 @@ impl Drop for TempDir {
 
 /// Run `corral` with `args`, killing it if it outlives `deadline`.
 pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
+    run_corral_env(args, &[], deadline)
+}
+
+/// As `run_corral`, with extra environment variables.
+pub fn run_corral_env(args: &[&str], envs: &[(&str, &str)], deadline: Duration) -> Output {
     let mut child = Command::new(bin())
         .args(args)
         .env("RUST_LOG", "warn")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -82,6 +88,7 @@ pub fn run_corral(args: &[&str], deadline: Duration) -> Output {
 
 pub mod chat;
 pub mod engine;
+pub mod fake_hub;
 pub mod gateway;
 pub mod http;
 
