@@ -52,9 +52,12 @@ pub fn pull(args: PullArgs) -> Result<()> {
         ),
         Why::Named | Why::Only => {}
     }
-    let state = if pulled.fetched > 0 { "downloaded" } else { "already in the cache" };
-    let checked = if pulled.checked { ", sha256 checked" } else { ", no sha256 to check it against" };
-    eprintln!("corral: {} {} ({:.2} GB) {state}{checked}", req.repo, pulled.file, pulled.size as f64 / 1e9);
+    let state = match (pulled.fetched, pulled.checked) {
+        (None, _) => "already in the cache",
+        (Some(_), true) => "downloaded, sha256 checked",
+        (Some(_), false) => "downloaded (the hub gives no sha256 for it: not checked)",
+    };
+    eprintln!("corral: {} {} ({:.2} GB) {state}", req.repo, pulled.file, pulled.size as f64 / 1e9);
     let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
     if let Some(k) = crate::models::discover(&dir)?.into_iter().find(|k| k.entry.path == pulled.path) {
         eprintln!("corral: serve it with: corral serve {}", k.entry.id);

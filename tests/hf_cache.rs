@@ -69,21 +69,14 @@ fn ls_finds_both_places_and_qualifies_clashing_names() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let rows: Vec<serde_json::Value> =
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let got: Vec<(&str, Option<&str>, Option<&str>, Option<&str>)> = rows
-        .iter()
-        .map(|r| (r["id"].as_str().unwrap(), r["repo"].as_str(), r["arch"].as_str(), r["quantization"].as_str()))
-        .collect();
+    let got: Vec<String> =
+        rows.iter().map(|r| format!("{} {} {} {}", r["id"], r["repo"], r["arch"], r["quantization"])).collect();
     assert_eq!(
         got,
-        vec![
-            (
-                "SmolLM2-135M-Instruct.Q4_1",
-                Some("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"),
-                Some("llama"),
-                Some("Q4_1")
-            ),
-            ("gemma-3-270m-q4_k_m", None, Some("gemma3"), Some("Q4_K_M")),
-            ("ggml-org--gemma-3-270m-q4_k_m", Some("ggml-org/gemma-3-270m-GGUF"), Some("gemma3"), Some("Q4_K_M")),
+        [
+            r#""SmolLM2-135M-Instruct.Q4_1" "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF" "llama" "Q4_1""#,
+            r#""gemma-3-270m-q4_k_m" null "gemma3" "Q4_K_M""#,
+            r#""ggml-org--gemma-3-270m-q4_k_m" "ggml-org/gemma-3-270m-GGUF" "gemma3" "Q4_K_M""#,
         ]
     );
     assert_eq!(rows[1]["context_length"], 32768);

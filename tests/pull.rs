@@ -105,7 +105,9 @@ fn pulls_a_real_model_into_the_shared_cache_and_lists_it() {
     assert_eq!((blob.len(), sha256_hex(&blob)), (file.bytes.len(), sha.clone()));
     assert_eq!(std::fs::read_to_string(rd.join("refs/main")).unwrap(), COMMIT);
     assert_eq!(files_in(&rd.join("blobs")), vec![sha.clone()], "nothing but the blob");
-    assert!(stderr(&out).contains("serve it with: corral serve SmolLM2-135M-Instruct.Q4_1"), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("downloaded, sha256 checked"), "{said}");
+    assert!(said.contains("serve it with: corral serve SmolLM2-135M-Instruct.Q4_1"), "{said}");
 
     // The token went to the hub, not to the CDN the bytes came from.
     let seen = hub.seen();
@@ -117,7 +119,8 @@ fn pulls_a_real_model_into_the_shared_cache_and_lists_it() {
     assert!(gets[0].host.starts_with("localhost:") && gets[0].auth.is_none() && gets[0].range.is_none(), "{gets:?}");
 
     let again = env.corral(&["pull", repo], &[("HF_TOKEN", "hf_test")]);
-    assert!(again.status.success() && stderr(&again).contains("already in the cache"), "{}", stderr(&again));
+    let said = stderr(&again);
+    assert!(again.status.success() && said.contains("already in the cache") && !said.contains("checked"), "{said}");
     assert_eq!(hub.blob_gets().len(), 1);
 
     let ls = env.corral(&["ls", "--json"], &[]);

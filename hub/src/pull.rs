@@ -33,11 +33,11 @@ pub struct Pulled {
     pub path: PathBuf,
     pub commit: String,
     pub size: u64,
-    /// Bytes transferred by this run (0: the blob was in the cache already).
-    pub fetched: u64,
+    /// Bytes transferred by this run; `None`: the blob was in the cache already.
+    pub fetched: Option<u64>,
     pub why: Why,
-    /// Whether the bytes were checked against a SHA-256 from the hub (always, for the
-    /// LFS files GGUFs are stored as).
+    /// Whether this run checked the bytes against a SHA-256 from the hub (it always does
+    /// for the LFS files GGUFs are stored as).
     pub checked: bool,
 }
 
@@ -61,16 +61,16 @@ pub fn pull(req: &PullRequest, progress: &dyn Progress) -> Result<Pulled, HubErr
     let _enter = span.enter();
     let fetched = if store::blob_present(&blob, meta.size) {
         tracing::info!(blob = %blob.display(), "already in the cache");
-        0
+        None
     } else {
         let job = Job { hub: &hub, repo: &req.repo, dir: &repo_dir, meta: &meta, file: &file, expected: &expected };
         let result = job.fetch(progress);
         progress.finish();
-        result?
+        Some(result?)
     };
     let path = store::link_snapshot(&repo_dir, &commit, &file, &meta.etag)?;
     store::write_ref(&repo_dir, &req.revision, &commit)?;
-    Ok(Pulled { file, path, commit, size: meta.size, fetched, why, checked: expected.is_some() })
+    Ok(Pulled { file, path, commit, size: meta.size, fetched, why, checked: fetched.is_some() && expected.is_some() })
 }
 
 /// The SHA-256 the bytes must have. An LFS file's blob is named by its SHA-256 (the
