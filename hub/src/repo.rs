@@ -7,7 +7,7 @@ use std::fmt;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum NameError {
-    #[error("{0:?} is not a repository id: expected ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")]
+    #[error("{0:?} is not a repository id: expected ORG/NAME, e.g. bartowski/SmolLM2-135M-Instruct-GGUF")]
     Repo(String),
     #[error("{0:?} is not a revision (a branch, a tag or a commit)")]
     Revision(String),
