@@ -43,7 +43,7 @@ pub struct BenchArgs {
 pub fn bench(args: BenchArgs) -> Result<()> {
     threads::init(args.threads);
     let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
-    let entry = corral_pool::registry::resolve(&args.model, &dir)?;
+    let entry = crate::models::resolve(&args.model, &dir)?;
     let engine = Engine::load_with(&entry.path, None, args.device)?;
     let vocab = engine.config().vocab as u64;
     // Deterministic pseudo-random prompt (like llama-bench's random tokens).

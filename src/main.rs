@@ -7,6 +7,9 @@ mod engine_cmd;
 mod fit;
 mod human;
 mod ps;
+mod ls;
+mod models;
+mod pull;
 mod run;
 mod serve;
 mod service;
@@ -50,6 +53,10 @@ enum Command {
     Stop(controls::ControlArgs),
     /// Run `corral serve` as a login service (systemd user unit, macOS LaunchAgent).
     Service(service::ServiceArgs),
+    /// Download a GGUF model from Hugging Face into its shared cache.
+    Pull(pull::PullArgs),
+    /// List the models found (models directory and Hugging Face cache).
+    Ls(ls::LsArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +75,8 @@ fn main() -> ExitCode {
         Command::Load(args) => controls::load(args),
         Command::Stop(args) => controls::stop(args),
         Command::Service(args) => service::service(args),
+        Command::Pull(args) => pull::pull(args),
+        Command::Ls(args) => ls::ls(args),
         Command::Serve(args) => match serve::serve(*args) {
             Ok(0) => Ok(()),
             Ok(code) => return ExitCode::from(code.clamp(1, 255) as u8),

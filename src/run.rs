@@ -76,7 +76,7 @@ impl Observer for Stdout {
 pub fn run(args: RunArgs) -> Result<()> {
     threads::init(args.threads);
     let dir = args.models_dir.clone().unwrap_or_else(corral_pool::registry::default_models_dir);
-    let entry = corral_pool::registry::resolve(&args.model, &dir)?;
+    let entry = crate::models::resolve(&args.model, &dir)?;
     let engine = Engine::load_with(&entry.path, None, args.device)?;
     eprintln!(
         "corral: loaded {} ({}, {} layers) in {:.2} s",

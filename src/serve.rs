@@ -1,5 +1,7 @@
-//! `corral serve`: the gateway. Models come from `--model` flags (`PATH` or
-//! `ID=PATH`), else every `.gguf` in the models directory; engines start on demand.
+//! `corral serve [QUERY]`: the gateway. Models come from `--model` flags (`PATH` or
+//! `ID=PATH`), else every `.gguf` in the models directory and every GGUF in the Hugging
+//! Face cache (`models.rs`); a query keeps those whose id contains it. Engines start on
+//! demand.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -16,6 +18,9 @@ use corral_protocol::launch::EngineOptions;
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// Serve only the models whose id contains this (case-insensitive), e.g. `smollm`.
+    #[arg(value_name = "QUERY")]
+    query: Option<String>,
     /// Address to bind. Keep the default unless other machines must reach it.
     #[arg(long, default_value = "127.0.0.1", env = "CORRAL_HOST")]
     host: IpAddr,
@@ -25,7 +30,8 @@ pub struct ServeArgs {
     /// A model to serve: `PATH` (id = file stem) or `ID=PATH`. Repeatable.
     #[arg(long = "model", value_name = "[ID=]PATH")]
     models: Vec<String>,
-    /// Serve every .gguf here when no --model is given.
+    /// Serve every .gguf here (and every GGUF in the Hugging Face cache) when no --model
+    /// is given.
     #[arg(long, env = "CORRAL_MODELS_DIR")]
     models_dir: Option<PathBuf>,
     /// Engines kept resident at once (least recently used idle ones are evicted).
@@ -161,12 +167,19 @@ fn model_entries(args: &ServeArgs) -> Result<Vec<ModelEntry>> {
     }
     if out.is_empty() {
         let dir = args.models_dir.clone().unwrap_or_else(registry::default_models_dir);
-        out = registry::scan(&dir)?;
+        out = crate::models::discover(&dir)?.into_iter().map(|k| k.entry).collect();
         if out.is_empty() {
-            bail!("no models: none in {} and no --model given (run scripts/fetch-models)", dir.display());
+            bail!(
+                "no models: none in {} or in the Hugging Face cache {}, and no --model given (corral pull ORG/REPO fetches one)",
+                dir.display(),
+                crate::models::hf_cache_root().display()
+            );
         }
     }
-    Ok(out)
+    match &args.query {
+        Some(q) => Ok(registry::select(out, |e| &e.id, q)?),
+        None => Ok(out),
+    }
 }
 
 fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {

@@ -58,7 +58,12 @@ mod tests {
     }
 
     fn meta(arch: &str, ctx: Option<u64>, template: Option<&str>) -> Result<GgufMeta, GgufMetaError> {
-        Ok(GgufMeta { arch: arch.into(), context_length: ctx, chat_template: template.map(Into::into) })
+        Ok(GgufMeta {
+            arch: arch.into(),
+            context_length: ctx,
+            chat_template: template.map(Into::into),
+            file_type: None,
+        })
     }
 
     #[test]

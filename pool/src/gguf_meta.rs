@@ -1,6 +1,6 @@
 //! What the gateway needs to know about a model without starting an engine: a GGUF
-//! file's architecture, training context length and chat template, read from its
-//! metadata header. Not a model loader — tensors are never read, and no model code is
+//! file's architecture, training context length, chat template and file type
+//! (quantization), read from its metadata header. Not a model loader — tensors are never read, and no model code is
 //! linked (the engine owns that). The header is untrusted bytes: every length is
 //! bounded, arrays are skipped without being read into memory, and a short or malformed
 //! file is an error, never a panic.
@@ -15,6 +15,8 @@ pub struct GgufMeta {
     /// `<arch>.context_length`.
     pub context_length: Option<u64>,
     pub chat_template: Option<String>,
+    /// `general.file_type`: llama.cpp's `llama_ftype` (see `file_type_name`).
+    pub file_type: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,7 @@ pub fn parse<R: Read + Seek>(r: &mut R) -> Result<GgufMeta, GgufMetaError> {
         match (key.as_str(), ty) {
             ("general.architecture", 8) => meta.arch = string(r)?,
             ("tokenizer.chat_template", 8) => meta.chat_template = Some(string(r)?),
+            ("general.file_type", 4 | 5) => meta.file_type = Some(u32::from_le_bytes(bytes(r)?)),
             (k, 4 | 10) if k.ends_with(".context_length") => {
                 let v = if ty == 4 { u32::from_le_bytes(bytes(r)?) as u64 } else { u64::from_le_bytes(bytes(r)?) };
                 context.push((k.trim_end_matches(".context_length").to_owned(), v));
@@ -70,6 +73,47 @@ pub fn parse<R: Read + Seek>(r: &mut R) -> Result<GgufMeta, GgufMetaError> {
     }
     meta.context_length = context.into_iter().find(|(a, _)| *a == meta.arch).map(|(_, v)| v);
     Ok(meta)
+}
+
+/// The name llama.cpp gives a `general.file_type` (`llama_ftype`): the quantization of
+/// most of the file's tensors.
+pub fn file_type_name(ft: u32) -> Option<&'static str> {
+    Some(match ft {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        19 => "IQ2_XXS",
+        20 => "IQ2_XS",
+        21 => "Q2_K_S",
+        22 => "IQ3_XS",
+        23 => "IQ3_XXS",
+        24 => "IQ1_S",
+        25 => "IQ4_NL",
+        26 => "IQ3_S",
+        27 => "IQ3_M",
+        28 => "IQ2_S",
+        29 => "IQ2_M",
+        30 => "IQ4_XS",
+        31 => "IQ1_M",
+        32 => "BF16",
+        36 => "TQ1_0",
+        37 => "TQ2_0",
+        38 => "MXFP4_MOE",
+        _ => return None,
+    })
 }
 
 fn bytes<const N: usize, R: Read>(r: &mut R) -> Result<[u8; N], GgufMetaError> {
@@ -177,13 +221,22 @@ mod tests {
             ("llama.context_length", 4, 99u32.to_le_bytes().to_vec()),
             ("gemma3.context_length", 4, 32768u32.to_le_bytes().to_vec()),
             ("general.flag", 7, vec![1]),
+            ("general.file_type", 4, 15u32.to_le_bytes().to_vec()),
             ("tokenizer.chat_template", 8, str_val("{{ x }}")),
         ]);
         let m = parse(&mut Cursor::new(h)).unwrap();
         assert_eq!(
             m,
-            GgufMeta { arch: "gemma3".into(), context_length: Some(32768), chat_template: Some("{{ x }}".into()) }
+            GgufMeta {
+                arch: "gemma3".into(),
+                context_length: Some(32768),
+                chat_template: Some("{{ x }}".into()),
+                file_type: Some(15),
+            }
         );
+        assert_eq!(m.file_type.and_then(file_type_name), Some("Q4_K_M"));
+        assert_eq!(file_type_name(3), Some("Q4_1"));
+        assert_eq!(file_type_name(4), None, "retired types have no name");
     }
 
     #[test]

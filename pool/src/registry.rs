@@ -3,6 +3,11 @@
 //! A model is a `.gguf` file; its id is the file stem (`SmolLM2-135M-Instruct.Q4_1`)
 //! unless aliased. Ids are validated (`ModelId`) because they become socket and cache
 //! directory names. Files whose stem is not a valid id are skipped with a warning.
+//!
+//! Files from the Hugging Face cache (found by `corral-hub`, handed in as `HubFile`s)
+//! get ids here too (`hub_ids`): the file stem when it is free, else the stem qualified
+//! by the repository. A query (`corral serve smollm`) keeps the models whose id contains
+//! it (`select`).
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +30,19 @@ pub enum RegistryError {
     NotFound { name: String, dir: PathBuf, known: String },
     #[error("cannot use {path} as a model: {reason}")]
     BadFile { path: PathBuf, reason: String },
+    #[error("no model id contains {query:?}; known: {known}")]
+    NoMatch { query: String, known: String },
+}
+
+/// A GGUF file in the Hugging Face cache, before it has an id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubFile {
+    pub org: String,
+    pub name: String,
+    /// The file's path inside the repository.
+    pub file: String,
+    /// Where it is on disk (the snapshot link).
+    pub path: PathBuf,
 }
 
 /// `$CORRAL_MODELS_DIR`, else `~/.cache/corral/models` (where `scripts/fetch-models` puts them).
@@ -81,33 +99,78 @@ pub fn scan(dir: &Path) -> Result<Vec<ModelEntry>, RegistryError> {
 /// The entry for one model file; its id is the file stem.
 pub fn entry(path: &Path) -> Result<ModelEntry, RegistryError> {
     let bad = |reason: String| RegistryError::BadFile { path: path.to_owned(), reason };
+    let stem = path.file_stem().and_then(|s| s.to_str()).ok_or_else(|| bad("file name is not UTF-8".into()))?;
+    let id = ModelId::new(stem).map_err(|e| bad(e.to_string()))?;
+    entry_as(path, id)
+}
+
+/// The entry for one model file under a given id.
+pub fn entry_as(path: &Path, id: ModelId) -> Result<ModelEntry, RegistryError> {
+    let bad = |reason: String| RegistryError::BadFile { path: path.to_owned(), reason };
     let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
     if !meta.is_file() {
         return Err(bad("not a regular file".into()));
     }
-    let stem = path.file_stem().and_then(|s| s.to_str()).ok_or_else(|| bad("file name is not UTF-8".into()))?;
-    let id = ModelId::new(stem).map_err(|e| bad(e.to_string()))?;
     let modified =
         meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
     Ok(ModelEntry { id, path: path.to_owned(), bytes: meta.len(), modified })
 }
 
-/// A model named on the command line: an existing file path, or an id in `dir`.
-pub fn resolve(name: &str, dir: &Path) -> Result<ModelEntry, RegistryError> {
-    let p = Path::new(name);
-    if p.exists() {
-        return entry(p);
-    }
-    let all = scan(dir)?;
-    if let Some(e) = all.iter().find(|e| e.id.as_str() == name) {
+/// The model with id `name` among `known` (found in `dir` and elsewhere).
+pub fn lookup(name: &str, known: &[ModelEntry], dir: &Path) -> Result<ModelEntry, RegistryError> {
+    if let Some(e) = known.iter().find(|e| e.id.as_str() == name) {
         return Ok(e.clone());
     }
-    let known = if all.is_empty() {
-        "none; run scripts/fetch-models".to_owned()
-    } else {
-        all.iter().map(|e| e.id.as_str()).collect::<Vec<_>>().join(", ")
-    };
-    Err(RegistryError::NotFound { name: name.to_owned(), dir: dir.to_owned(), known })
+    Err(RegistryError::NotFound {
+        name: name.to_owned(),
+        dir: dir.to_owned(),
+        known: known_ids(known.iter().map(|e| &e.id)),
+    })
+}
+
+fn known_ids<'a>(ids: impl Iterator<Item = &'a ModelId>) -> String {
+    let ids: Vec<&str> = ids.map(ModelId::as_str).collect();
+    if ids.is_empty() { "none; run scripts/fetch-models or corral pull ORG/REPO".to_owned() } else { ids.join(", ") }
+}
+
+/// Ids for files of the Hugging Face cache, given the ids already taken (the models
+/// directory's). Each file takes the first free and valid one of: its file stem
+/// (`SmolLM2-135M-Instruct-Q4_K_M`); `<org>--<stem>`; `<org>--<name>--<path>` (the path
+/// inside the repository with `/` as `--`, no `.gguf`), which no other file can have.
+/// Files are taken in the order given — the cache scan's, oldest first — so a model
+/// pulled later never takes an id from one that was there before. `None`: no valid id
+/// (a name too long, or with characters an id cannot hold).
+pub fn hub_ids(taken: &[ModelId], files: &[HubFile]) -> Vec<Option<ModelId>> {
+    let mut used: std::collections::HashSet<String> = taken.iter().map(|i| i.as_str().to_owned()).collect();
+    files
+        .iter()
+        .map(|f| {
+            let strip = |p: &str| match p.len().checked_sub(5) {
+                Some(n) if p.is_char_boundary(n) && p[n..].eq_ignore_ascii_case(".gguf") => p[..n].to_owned(),
+                _ => p.to_owned(),
+            };
+            let stem = strip(f.file.rsplit('/').next().unwrap_or(&f.file));
+            let tries = [
+                stem.clone(),
+                format!("{}--{stem}", f.org),
+                format!("{}--{}--{}", f.org, f.name, strip(&f.file).replace('/', "--")),
+            ];
+            let id = tries.into_iter().filter_map(|t| ModelId::new(t).ok()).find(|id| !used.contains(id.as_str()))?;
+            used.insert(id.as_str().to_owned());
+            Some(id)
+        })
+        .collect()
+}
+
+/// The items whose id contains `query`, ignoring case; none is an error naming them all.
+pub fn select<T>(items: Vec<T>, id: impl Fn(&T) -> &ModelId, query: &str) -> Result<Vec<T>, RegistryError> {
+    let q = query.to_lowercase();
+    let known = known_ids(items.iter().map(&id));
+    let kept: Vec<T> = items.into_iter().filter(|i| id(i).as_str().to_lowercase().contains(&q)).collect();
+    if kept.is_empty() {
+        return Err(RegistryError::NoMatch { query: query.to_owned(), known });
+    }
+    Ok(kept)
 }
 
 #[cfg(test)]
@@ -135,14 +198,58 @@ mod tests {
         std::fs::remove_dir_all(&d).unwrap();
     }
 
+    fn hub(org: &str, name: &str, file: &str) -> HubFile {
+        HubFile { org: org.into(), name: name.into(), file: file.into(), path: PathBuf::from(file) }
+    }
+
     #[test]
-    fn resolves_paths_and_ids() {
+    fn hub_files_take_their_stem_else_a_qualified_id() {
+        let taken = [ModelId::new("m-Q4_K_M").unwrap()];
+        let files = [
+            hub("a", "m-GGUF", "m-Q4_K_M.gguf"),
+            hub("b", "x-GGUF", "x-Q8_0.gguf"),
+            hub("b", "m-GGUF", "m-Q4_K_M.gguf"),
+            hub("b", "m2-GGUF", "q4/m-Q4_K_M.gguf"),
+            hub("c", "y", "Q4_K_M/x-Q8_0.GGUF"),
+            hub("d", "z", &format!("{}.gguf", "w".repeat(200))),
+            hub("e", "s", "bad name.gguf"),
+        ];
+        let ids: Vec<Option<String>> = hub_ids(&taken, &files).into_iter().map(|i| i.map(|i| i.to_string())).collect();
+        assert_eq!(
+            ids,
+            vec![
+                Some("a--m-Q4_K_M".into()),
+                Some("x-Q8_0".into()),
+                Some("b--m-Q4_K_M".into()),
+                Some("b--m2-GGUF--q4--m-Q4_K_M".into()),
+                Some("c--x-Q8_0".into()),
+                None,
+                None,
+            ]
+        );
+    }
+
+    #[test]
+    fn queries_keep_ids_containing_them() {
+        let ids: Vec<ModelId> = ["SmolLM2-135M", "gemma-3-270m", "smollm3"].map(|s| ModelId::new(s).unwrap()).to_vec();
+        let got = select(ids.clone(), |i| i, "SMOLLM").unwrap();
+        assert_eq!(got.iter().map(|i| i.as_str()).collect::<Vec<_>>(), ["SmolLM2-135M", "smollm3"]);
+        assert_eq!(select(ids.clone(), |i| i, "270").unwrap().len(), 1);
+        let err = select(ids, |i| i, "qwen").unwrap_err().to_string();
+        assert!(err.contains("\"qwen\"") && err.contains("gemma-3-270m") && err.contains("smollm3"), "{err}");
+        let err = select(Vec::<ModelId>::new(), |i| i, "x").unwrap_err().to_string();
+        assert!(err.contains("corral pull"), "{err}");
+    }
+
+    #[test]
+    fn looks_ids_up() {
         let d = tmpdir("resolve");
         let f = d.join("m1.gguf");
         std::fs::write(&f, b"abc").unwrap();
-        assert_eq!(resolve(f.to_str().unwrap(), Path::new("/nonexistent")).unwrap().bytes, 3);
-        assert_eq!(resolve("m1", &d).unwrap().path, f);
-        let err = resolve("nope", &d).unwrap_err().to_string();
+        let known = scan(&d).unwrap();
+        assert_eq!(lookup("m1", &known, &d).unwrap().path, f);
+        assert_eq!(entry_as(&f, ModelId::new("other").unwrap()).unwrap().bytes, 3);
+        let err = lookup("nope", &known, &d).unwrap_err().to_string();
         assert!(err.contains("m1"), "{err}");
         std::fs::remove_dir_all(&d).unwrap();
     }

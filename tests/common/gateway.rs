@@ -51,8 +51,9 @@ impl Gateway {
         Self::start_in(dir, args)
     }
 
-    /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv` and stored
-    /// Responses to `<tmp>/responses`, never to the user's cache directory.
+    /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv`, stored
+    /// Responses to `<tmp>/responses` and the Hugging Face cache is `<tmp>/hf-hub`, never
+    /// the user's cache directories.
     pub fn start_in(dir: TempDir, args: &[&str]) -> Self {
         Self::start_in_env(dir, args, &[])
     }
@@ -68,6 +69,9 @@ impl Gateway {
         if !args.contains(&"--responses-dir") {
             cmd.arg("--responses-dir").arg(dir.path().join("responses"));
         }
+        // The user's Hugging Face cache is no test's business: an empty one unless the
+        // test names one.
+        cmd.env("HF_HUB_CACHE", dir.path().join("hf-hub"));
         let mut child = cmd
             .envs(envs.iter().copied())
             .env("RUST_LOG", "info")

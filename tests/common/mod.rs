@@ -64,6 +64,7 @@ pub fn run_corral_env(args: &[&str], envs: &[(&str, &str)], deadline: Duration) 
         .args(args)
         .envs(envs.iter().copied())
         .env("RUST_LOG", "warn")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -88,6 +89,7 @@ pub fn run_corral_env(args: &[&str], envs: &[(&str, &str)], deadline: Duration) 
 
 pub mod chat;
 pub mod engine;
+pub mod fake_hub;
 pub mod gateway;
 pub mod http;
 
