@@ -1,5 +1,6 @@
 //! Talking to a running gateway for the everyday verbs (`ps`, `stats`, `load`, `stop`):
-//! where it is (`--url`, `CORRAL_URL`), one HTTP/1.1 exchange per call over hyper with a
+//! where it is (`--url`, `CORRAL_URL`) and its API key if it has one (`--api-key`,
+//! `CORRAL_API_KEY`, sent as a bearer token), one HTTP/1.1 exchange per call over hyper with a
 //! deadline, and errors a person can act on — no gateway there, or the gateway's own
 //! message for a refused request (an unknown model is its 404 `model_not_found`).
 
@@ -22,6 +23,17 @@ pub struct Target {
     /// The running gateway's address (`http://host:port`, as `corral serve` printed it).
     #[arg(long, env = "CORRAL_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
+    /// The gateway's API key, when it was started with one.
+    #[arg(long, env = "CORRAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+impl Target {
+    pub fn gateway(&self) -> Result<Gateway> {
+        let mut g = Gateway::new(&self.url)?;
+        g.api_key = self.api_key.clone();
+        Ok(g)
+    }
 }
 
 /// A gateway address, checked once.
@@ -33,6 +45,8 @@ pub struct Gateway {
     authority: String,
     /// A path the gateway sits under (behind a reverse proxy), without a trailing `/`.
     prefix: String,
+    /// Sent as `Authorization: Bearer …` when set.
+    api_key: Option<String>,
 }
 
 impl Gateway {
@@ -49,7 +63,7 @@ impl Gateway {
             None => format!("{}:80", auth.as_str()),
         };
         let prefix = uri.path().trim_end_matches('/').to_owned();
-        Ok(Self { url: url.trim_end_matches('/').to_owned(), authority, prefix })
+        Ok(Self { url: url.trim_end_matches('/').to_owned(), authority, prefix, api_key: None })
     }
 
     pub async fn get(&self, path: &str, timeout: Duration) -> Result<Bytes> {
@@ -78,12 +92,12 @@ impl Gateway {
                 tracing::debug!(error = %e, "gateway connection ended");
             }
         });
-        let req = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.prefix))
-            .header(header::HOST, &self.authority)
-            .body(Empty::new())
-            .context("building the request")?;
+        let mut req = Request::builder().method(method).uri(format!("{}{path}", self.prefix));
+        req = req.header(header::HOST, &self.authority);
+        if let Some(key) = &self.api_key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let req = req.body(Empty::new()).context("building the request")?;
         let resp = tx.send_request(req).await.with_context(|| format!("talking to {}", self.url))?;
         let status = resp.status().as_u16();
         let body = Limited::new(resp.into_body(), MAX_BODY)

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use corral_protocol::ModelId;
 
-use crate::client::{Gateway, Target, block_on};
+use crate::client::{Target, block_on};
 use crate::human;
 use crate::ps::EngineInfo;
 
@@ -29,7 +29,7 @@ fn control(args: &ControlArgs, action: &str, doing: &str) -> Result<(EngineInfo,
     // Checked here so a typo with a `/` in it never reaches another route.
     let id =
         ModelId::new(args.model.as_str()).map_err(|e| anyhow::anyhow!("{:?} is not a model id: {e}", args.model))?;
-    let gw = Gateway::new(&args.target.url)?;
+    let gw = args.target.gateway()?;
     let spinner = indicatif::ProgressBar::new_spinner().with_message(format!("{doing} {id}…"));
     spinner.enable_steady_tick(Duration::from_millis(100));
     let t = Instant::now();

@@ -11,7 +11,7 @@ use clap::Args;
 use corral_gateway::monitor::{EngineEntry, StatsView};
 use serde::Deserialize;
 
-use crate::client::{Gateway, Target, block_on};
+use crate::client::{Target, block_on};
 use crate::human;
 
 /// `/engine` and `/stats` answer within the gateway's own per-engine deadline.
@@ -51,7 +51,7 @@ pub struct EngineInfo {
 }
 
 pub fn ps(args: PsArgs) -> Result<()> {
-    let gw = Gateway::new(&args.target.url)?;
+    let gw = args.target.gateway()?;
     let (engine, stats) =
         block_on(async { Ok((gw.get("/engine", TIMEOUT).await?, gw.get("/stats", TIMEOUT).await?)) })?;
     let snap: Snapshot = serde_json::from_slice(&engine).context("reading the gateway's /engine answer")?;

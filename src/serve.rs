@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use corral_gateway::{GatewayConfig, StoreConfig};
+use corral_gateway::{ApiKey, Cors, GatewayConfig, StoreConfig};
 use corral_net::dirs::{self, Access, SocketState};
 use corral_pool::registry::{self, ModelEntry};
 use corral_pool::{Pool, PoolConfig};
@@ -74,9 +74,20 @@ pub struct ServeArgs {
     /// cpu, cuda or cuda:N.
     #[arg(long, env = "CORRAL_DEVICE")]
     device: Option<corral_engine::backend::DeviceChoice>,
-    /// Largest request body, in bytes.
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, default_value_t = 8 * 1024 * 1024, env = "CORRAL_MAX_BODY_BYTES")]
     max_body_bytes: usize,
+    /// Client connections served at once; more wait to be accepted.
+    #[arg(long, default_value_t = corral_protocol::http_limits::MAX_CONNECTIONS, env = "CORRAL_MAX_CONNECTIONS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_connections: usize,
+    /// A client must send its request line and headers within this (a connection idle
+    /// between requests is closed after it too).
+    #[arg(long, default_value = "10s", value_parser = positive_duration, env = "CORRAL_HEADER_TIMEOUT")]
+    header_timeout: Duration,
+    /// A request body with no bytes for this long is answered 408.
+    #[arg(long, default_value = "30s", value_parser = positive_duration, env = "CORRAL_BODY_TIMEOUT")]
+    body_timeout: Duration,
     /// Longest wait for an engine to load.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     load_timeout: Duration,
@@ -125,6 +136,24 @@ pub struct ServeArgs {
     /// accepted otherwise, with the server's port (a guard against DNS rebinding).
     #[arg(long = "allow-host", env = "CORRAL_ALLOW_HOST", value_delimiter = ',')]
     allow_hosts: Vec<String>,
+    /// A web origin (`scheme://host[:port]`, exact) whose pages may call the API from a
+    /// browser: its requests get CORS headers and may POST. Repeatable; comma-separated
+    /// in the env var. None by default (the web UI needs none).
+    #[arg(long = "allow-origin", env = "CORRAL_ALLOW_ORIGIN", value_delimiter = ',')]
+    allow_origins: Vec<String>,
+    /// Require this key on every route but /health and the web UI's files, as
+    /// `Authorization: Bearer KEY` or `x-api-key: KEY`. Needed to listen on a
+    /// non-loopback --host.
+    #[arg(long, env = "CORRAL_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Read the API key from the first line of this file (keeps it out of `ps`);
+    /// --api-key wins when both are given.
+    #[arg(long, value_name = "PATH", env = "CORRAL_API_KEY_FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Listen on a non-loopback --host without an API key: anyone who can reach the
+    /// address can use every model.
+    #[arg(long, env = "CORRAL_INSECURE_NO_API_KEY")]
+    insecure_no_api_key: bool,
     /// Accepted for mlx-bun command lines: every engine is already its own process.
     #[arg(long, hide = true)]
     isolate: bool,
@@ -147,6 +176,11 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         _ => return Err(format!("bad duration unit in {s:?} (use ms, s, m, h or d)")),
     };
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// A duration above zero (a zero timeout would refuse every request).
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).and_then(|d| if d.is_zero() { Err("must be more than 0".into()) } else { Ok(d) })
 }
 
 fn model_entries(args: &ServeArgs) -> Result<Vec<ModelEntry>> {
@@ -279,6 +313,12 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         },
         open_ui: !args.no_open && interactive(),
         allow_hosts: args.allow_hosts.clone(),
+        cors: Cors::new(&args.allow_origins).map_err(anyhow::Error::msg)?,
+        api_key: ApiKey::resolve(args.api_key.as_deref(), args.api_key_file.as_deref())?,
+        insecure_no_api_key: args.insecure_no_api_key,
+        max_connections: args.max_connections,
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {

@@ -12,7 +12,7 @@ use corral_gateway::monitor::{EngineEntry, StatsView};
 use corral_gateway::stats::GatewayView;
 use corral_protocol::engine_wire::EngineStats;
 
-use crate::client::{Gateway, Target, block_on};
+use crate::client::{Target, block_on};
 use crate::human::{bytes, count, duration, plural};
 
 /// The gateway bounds each engine's answer (500 ms by default).
@@ -29,7 +29,7 @@ pub struct StatsArgs {
 }
 
 pub fn stats(args: StatsArgs) -> Result<()> {
-    let gw = Gateway::new(&args.target.url)?;
+    let gw = args.target.gateway()?;
     let body = block_on(gw.get("/stats", TIMEOUT))?;
     if args.json {
         println!("{}", String::from_utf8_lossy(&body).trim_end());

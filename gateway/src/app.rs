@@ -13,6 +13,8 @@ use corral_net::CancellationToken;
 use corral_net::gauge::Gauge;
 use corral_pool::Pool;
 
+use crate::auth::ApiKey;
+use crate::cors::Cors;
 use crate::guard::Guard;
 use crate::stats::GatewayStats;
 use crate::stored::{ResponseStore, StoreConfig};
@@ -37,6 +39,18 @@ pub struct GatewayConfig {
     pub open_ui: bool,
     /// Host names accepted besides the loopback ones (`--allow-host`).
     pub allow_hosts: Vec<String>,
+    /// Other origins a browser may call the API from (`--allow-origin`).
+    pub cors: Cors,
+    /// Required on every route but `/health` and the UI's files (`auth.rs`).
+    pub api_key: Option<ApiKey>,
+    /// Listen on a non-loopback address without a key anyway.
+    pub insecure_no_api_key: bool,
+    /// Open client connections at once; at the cap, accepting waits.
+    pub max_connections: usize,
+    /// A request head must arrive within this (slowloris).
+    pub header_timeout: Duration,
+    /// A request body with no bytes for this long: 408.
+    pub body_timeout: Duration,
 }
 
 pub struct App {
@@ -57,7 +71,7 @@ impl App {
     /// The gateway's state once it is listening on `bound`.
     pub fn new(cfg: GatewayConfig, pool: Pool, bound: SocketAddr) -> Arc<Self> {
         let responses = Arc::new(ResponseStore::open(cfg.responses.clone()));
-        let guard = Guard::new(bound, &cfg.allow_hosts);
+        let guard = Guard::new(bound, &cfg.allow_hosts, cfg.cors.clone());
         Arc::new(Self {
             guard,
             cfg,

@@ -7,8 +7,9 @@
 //!   port if it has one; anything else is 403 `host_not_allowed`, no Host at all 400
 //!   `missing_host`;
 //! - a request that can change state (any method but GET, HEAD and OPTIONS) that a
-//!   browser marked with an `Origin` must come from this server's own origin; anything
-//!   else is 403 `origin_not_allowed`. Clients that send no Origin (SDKs, curl) pass.
+//!   browser marked with an `Origin` must come from this server's own origin or one
+//!   listed with `--allow-origin` (`cors.rs`); anything else is 403
+//!   `origin_not_allowed`. Clients that send no Origin (SDKs, curl) pass.
 //!
 //! Pure decisions on plain values; `routes::handle` applies them before any handler.
 
@@ -16,11 +17,15 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::Method;
 
+use crate::cors::Cors;
+
 #[derive(Clone, Debug)]
 pub struct Guard {
     port: u16,
     /// Host names allowed besides the loopback ones, lower-cased.
     hosts: Vec<String>,
+    /// Other origins allowed (`--allow-origin`), which also get CORS headers.
+    cors: Cors,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,15 +49,20 @@ fn split_host(h: &str) -> Option<(String, Option<u16>)> {
 }
 
 impl Guard {
-    /// For a gateway bound to `addr`, also allowing `extra` host names.
-    pub fn new(addr: SocketAddr, extra: &[String]) -> Self {
+    /// For a gateway bound to `addr`, also allowing `extra` host names and `cors`'s
+    /// origins.
+    pub fn new(addr: SocketAddr, extra: &[String], cors: Cors) -> Self {
         let mut hosts: Vec<String> = extra.iter().map(|h| h.trim().to_ascii_lowercase()).collect();
         match addr.ip() {
             ip if ip.is_unspecified() || ip.is_loopback() => {}
             IpAddr::V4(v4) => hosts.push(v4.to_string()),
             IpAddr::V6(v6) => hosts.push(format!("[{v6}]")),
         }
-        Self { port: addr.port(), hosts }
+        Self { port: addr.port(), hosts, cors }
+    }
+
+    pub fn cors(&self) -> &Cors {
+        &self.cors
     }
 
     /// Whether `host` (a Host header's value, or an origin's host part) names us.
@@ -69,7 +79,7 @@ impl Guard {
         }
         let safe = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
         match origin {
-            Some(o) if !safe && !o.strip_prefix("http://").is_some_and(|h| self.ours(h)) => {
+            Some(o) if !safe && !o.strip_prefix("http://").is_some_and(|h| self.ours(h)) && !self.cors.allows(o) => {
                 Verdict::OriginNotAllowed(o.to_owned())
             }
             _ => Verdict::Pass,
@@ -82,7 +92,11 @@ mod tests {
     use super::*;
 
     fn guard(addr: &str, extra: &[&str]) -> Guard {
-        Guard::new(addr.parse().expect("addr"), &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        Guard::new(
+            addr.parse().expect("addr"),
+            &extra.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            Cors::default(),
+        )
     }
 
     #[test]
@@ -121,5 +135,15 @@ mod tests {
         }
         assert_eq!(g.check(&Method::GET, h, Some("https://evil.example")), Verdict::Pass, "reads are not refused");
         assert_eq!(g.check(&Method::POST, h, None), Verdict::Pass, "no Origin: not a browser");
+    }
+
+    #[test]
+    fn origins_listed_for_cors_may_change_state_too() {
+        let cors = Cors::new(&["http://localhost:5173".to_owned()]).unwrap();
+        let g = Guard::new("127.0.0.1:8080".parse().unwrap(), &[], cors);
+        let h = Some("127.0.0.1:8080");
+        assert_eq!(g.check(&Method::POST, h, Some("http://localhost:5173")), Verdict::Pass);
+        let o = "http://localhost:5174";
+        assert_eq!(g.check(&Method::POST, h, Some(o)), Verdict::OriginNotAllowed(o.into()));
     }
 }

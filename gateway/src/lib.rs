@@ -12,13 +12,17 @@
 //! `GET`/`DELETE /v1/responses/{id}`), `ui` (the web UI's embedded files),
 //! `model_controls` (`POST /api/models/{id}/load|unload`), `open` (the browser at an
 //! interactive start), `guard` (the Host and Origin rules every request passes first),
-//! `server` (process lifetime and shutdown).
+//! `cors` (cross-origin headers and preflights for `--allow-origin`), `auth` (the API
+//! key and the rule that a non-loopback bind needs one), `server` (process lifetime,
+//! connection limits and shutdown).
 //! Dependencies point one way:
 //! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`;
 //! `monitor → metrics`.
 
 pub mod app;
+pub mod auth;
 pub mod body;
+pub mod cors;
 pub mod guard;
 pub mod metrics;
 pub mod model_controls;
@@ -35,5 +39,7 @@ pub mod stored_routes;
 pub mod ui;
 
 pub use app::GatewayConfig;
+pub use auth::ApiKey;
+pub use cors::Cors;
 pub use server::run;
 pub use stored::StoreConfig;

@@ -1,6 +1,7 @@
 //! Forwarding a public request to its model's engine.
 //!
-//! The body is read (bounded) only to find `model`; the bytes go to the engine unchanged
+//! The body is read (bounded in size and time) only to find `model` and check the request
+//! bounds (`protocol::bounds`: `max_tokens`, `n`, stop strings); the bytes go to the engine unchanged
 //! and its response streams back unchanged, frame by frame. What happens on each failure
 //! is `proxy_error`'s table: a connection that never reached the engine is retried once,
 //! on an engine other than the one that refused; nothing else is retried; the engine is
@@ -15,6 +16,7 @@ use corral_net::body::read_limited;
 use corral_net::gauge::Guard;
 use corral_pool::Lease;
 use corral_pool::unix_http;
+use corral_protocol::bounds::Outline;
 use corral_protocol::{ApiError, ApiShape, ErrorKind};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
 use http_body_util::Full;
@@ -45,23 +47,29 @@ fn strip_hop(h: &mut HeaderMap) {
     }
 }
 
-/// The only fields the gateway reads (unknown ones are ignored, as are wrong types of
-/// `stream`: the engine judges those).
-#[derive(serde::Deserialize)]
-struct Routing {
-    model: Option<String>,
-    stream: Option<serde_json::Value>,
-}
-
 pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard: Guard) -> Response<Body> {
     let shape = route.shape();
-    let (mut parts, body) = match read_limited(req, app.cfg.max_body_bytes).await {
+    let (mut parts, body) = match read_limited(req, app.cfg.max_body_bytes, app.cfg.body_timeout).await {
         Ok(x) => x,
-        Err(e) => return respond::error(shape, &e.into()),
+        Err(e) => {
+            tracing::info!(error = %e, "request body refused");
+            return respond::error(shape, &e.into());
+        }
     };
-    // Only `model` is read; anything else about the body is the engine's to judge.
-    let (model, sse_wanted) = match serde_json::from_slice::<Routing>(&body) {
-        Ok(r) => (r.model, r.stream.and_then(|s| s.as_bool()).unwrap_or(false)),
+    // Only `model`, `stream` and the bounded fields are read; anything else about the
+    // body is the engine's to judge.
+    let (model, sse_wanted) = match serde_json::from_slice::<Outline>(&body) {
+        Ok(o) => {
+            // Bounds are checked before any engine is chosen or started. count_tokens
+            // generates nothing: its engine ignores `max_tokens`.
+            if route != Route::CountTokens
+                && let Err(e) = o.check(shape)
+            {
+                return respond::error(shape, &e);
+            }
+            let streams = o.streams();
+            (o.model, streams)
+        }
         Err(e) if app.pool.default_model().is_none() => {
             return respond::error(shape, &ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
         }

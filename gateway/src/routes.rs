@@ -4,6 +4,11 @@
 //! is never served here. The web UI (`/`, `/ui/{file}`) and the model controls
 //! (`/api/models/{id}/load|unload`) enter through the same table as the API, so they are
 //! counted, traced and guarded the same way.
+//!
+//! Every request passes, in order: the route table (404/405), the Host and Origin guard
+//! (`guard.rs`), a CORS preflight's answer (`cors.rs`), the API key (`auth.rs`, on every
+//! route but `/health` and the UI's files); then its handler. Whatever answers, a
+//! request from an origin listed with `--allow-origin` gets its CORS headers.
 
 use std::sync::Arc;
 
@@ -13,7 +18,9 @@ use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::app::App;
+use crate::auth::KeyCheck;
 use crate::body::Body;
+use crate::cors;
 use crate::guard::Verdict;
 use crate::{model_controls, monitor, proxy, respond, stored_routes, ui};
 
@@ -154,6 +161,12 @@ impl Route {
         }
     }
 
+    /// Whether the API key (when one is set) is needed: everywhere but the health check
+    /// and the UI's own files, which hold no data (the page asks for the key itself).
+    pub fn needs_key(self) -> bool {
+        !matches!(self, Route::Health | Route::Page | Route::Asset)
+    }
+
     /// Whether the path has a parameter in it (`{id}`, `{file}`).
     fn templated(self) -> bool {
         self.path().contains('{')
@@ -207,28 +220,103 @@ impl Refused {
     }
 }
 
+/// The request headers the guard, CORS and the key look at, copied out of the request.
+struct Marks {
+    host: Option<String>,
+    origin: Option<String>,
+    /// `Access-Control-Request-Method` and `-Headers` (a preflight's).
+    cors_method: Option<String>,
+    cors_headers: Option<String>,
+    key: KeyCheck,
+}
+
+impl Marks {
+    fn of(app: &App, h: &http::HeaderMap) -> Self {
+        let text = |name| h.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).map(str::to_owned);
+        let bytes = |name| h.get(name).map(HeaderValue::as_bytes);
+        let key = app.cfg.api_key.as_ref().map_or(KeyCheck::Pass, |k| {
+            k.check(bytes(header::AUTHORIZATION), bytes(header::HeaderName::from_static("x-api-key")))
+        });
+        Self {
+            host: text(header::HOST),
+            origin: text(header::ORIGIN),
+            cors_method: text(header::ACCESS_CONTROL_REQUEST_METHOD),
+            cors_headers: text(header::ACCESS_CONTROL_REQUEST_HEADERS),
+            key,
+        }
+    }
+}
+
 /// Every request enters here.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let route = Route::parse(req.method(), req.uri().path());
+    let marks = Marks::of(&app, req.headers());
+    let preflight = cors::is_preflight(req.method(), marks.origin.as_deref(), marks.cors_method.as_deref());
+    // A preflight is routed by the method it asks about.
+    let method = match &marks.cors_method {
+        Some(m) if preflight => Method::from_bytes(m.as_bytes()).unwrap_or(Method::OPTIONS),
+        _ => req.method().clone(),
+    };
+    let route = Route::parse(&method, req.uri().path());
     let label = route.as_ref().map_or_else(Refused::label, |r| r.path());
     let span =
         tracing::info_span!("request", request_id = app.request_id(), route = label, model = tracing::field::Empty);
-    let verdict = {
-        let h = req.headers();
-        let text = |name| h.get(name).and_then(|v: &HeaderValue| v.to_str().ok());
-        app.guard.check(req.method(), text(header::HOST), text(header::ORIGIN))
-    };
-    let resp = async {
+    let verdict = app.guard.check(req.method(), marks.host.as_deref(), marks.origin.as_deref());
+    let mut resp = async {
         match (route, verdict) {
             (Err(refused), _) => refused.response(),
+            (Ok(route), Verdict::Pass) if preflight => preflight_answer(&app, route, &marks),
+            (Ok(route), Verdict::Pass) if route.needs_key() && marks.key != KeyCheck::Pass => {
+                key_refusal(route.shape(), marks.key)
+            }
             (Ok(route), Verdict::Pass) => dispatch(&app, route, req).await,
             (Ok(route), refused) => guard_refusal(route.shape(), &refused),
         }
     }
     .instrument(span)
     .await;
+    for (name, value) in app.guard.cors().response_headers(marks.origin.as_deref()) {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            // An engine's answer may vary by other headers too; the rest are ours alone.
+            if name == "vary" {
+                resp.headers_mut().append(name, v);
+            } else {
+                resp.headers_mut().insert(name, v);
+            }
+        }
+    }
     app.stats.count(label, resp.status().as_u16());
     resp
+}
+
+/// A preflight: 204 with the CORS headers for a listed origin, else 403 without any.
+fn preflight_answer(app: &App, route: Route, marks: &Marks) -> Response<Body> {
+    let origin = marks.origin.as_deref().unwrap_or("");
+    let Some(headers) = app.guard.cors().preflight(origin, route.allow(), marks.cors_headers.as_deref()) else {
+        tracing::info!(origin, "preflight from an origin not listed with --allow-origin");
+        let e = ApiError::new(
+            ErrorKind::OriginNotAllowed,
+            format!("origin {origin:?} may not call this server from a browser (see --allow-origin)"),
+        );
+        return respond::error(route.shape(), &e);
+    };
+    let mut r = Response::new(Body::Full(None));
+    *r.status_mut() = http::StatusCode::NO_CONTENT;
+    for (name, value) in headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            r.headers_mut().insert(name, v);
+        }
+    }
+    r
+}
+
+/// A request without the API key, or with another one, in the route's error shape.
+fn key_refusal(shape: ApiShape, check: KeyCheck) -> Response<Body> {
+    let msg = match check {
+        KeyCheck::Missing => "this server needs an API key: send it as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        _ => "the API key is not this server's",
+    };
+    tracing::info!(reason = ?check, "request refused: API key");
+    respond::error(shape, &ApiError::new(ErrorKind::InvalidApiKey, msg))
 }
 
 /// A request the guard refused, in the route's error shape.

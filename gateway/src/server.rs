@@ -13,7 +13,6 @@ use corral_net::TaskTracker;
 use corral_net::accept::{Server, serve};
 use corral_net::signals::{self, Stop};
 use corral_pool::Pool;
-use corral_protocol::http_limits;
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -23,15 +22,21 @@ use crate::routes;
 /// How long closing client connections may take once all responses are complete.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
-/// Bind, announce, serve until SIGTERM/SIGINT; returns the process exit code.
+/// Bind, announce, serve until SIGTERM/SIGINT; returns the process exit code. A
+/// non-loopback address without an API key is refused before anything is bound.
 pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
+    crate::auth::check_exposure(cfg.addr.ip(), cfg.api_key.is_some(), cfg.insecure_no_api_key)
+        .map_err(std::io::Error::other)?;
+    if cfg.api_key.is_none() && !cfg.addr.ip().is_loopback() {
+        tracing::warn!(addr = %cfg.addr, "serving without an API key on a non-loopback address (--insecure-no-api-key)");
+    }
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     let addr = listener.local_addr()?;
     let mut stops = signals::watch()?;
     let app = App::new(cfg, pool, addr);
     let tasks = TaskTracker::new();
     println!("{}", json!({"event": "listening", "addr": addr.to_string(), "pid": std::process::id()}));
-    tracing::info!(addr = %addr, "gateway listening");
+    tracing::info!(addr = %addr, api_key = app.cfg.api_key.is_some(), cors = app.cfg.cors.enabled(), "gateway listening");
     if app.cfg.open_ui {
         crate::open::open_in_browser(&crate::open::chat_url(addr));
     }
@@ -43,7 +48,12 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
             }
         });
     }
-    let server = Server { max_connections: http_limits::MAX_CONNECTIONS, stop: app.stop.clone(), tasks: tasks.clone() };
+    let server = Server {
+        max_connections: app.cfg.max_connections,
+        header_timeout: app.cfg.header_timeout,
+        stop: app.stop.clone(),
+        tasks: tasks.clone(),
+    };
     let handler_app = app.clone();
     tasks.spawn(serve(listener, server, move |req| routes::handle(handler_app.clone(), req)));
     Ok(match stops.recv().await {

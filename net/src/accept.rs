@@ -9,7 +9,13 @@
 //! - Accept errors (EMFILE, ENFILE, ECONNABORTED) are logged and retried after a backoff
 //!   (10 ms doubling to 1 s, reset on success): a server never exits because of them.
 //! - hyper gets a timer, a header-read timeout and header limits (`protocol::http_limits`);
-//!   without a timer its header timeout is silently off.
+//!   without a timer its header timeout is silently off. The timeout also runs while a
+//!   kept-alive connection waits for its next request, so an idle connection gives its
+//!   permit back.
+//! - On a unix socket only connections from our own user are served: the peer's uid
+//!   (SO_PEERCRED on Linux, getpeereid on macOS) must equal our effective uid, else the
+//!   connection is closed at once, unanswered. The socket's 0600 mode and its 0700
+//!   directory already keep other users out; this holds even if those were loosened.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -46,8 +52,22 @@ impl Listener for tokio::net::UnixListener {
     type Io = tokio::net::UnixStream;
 
     async fn accept(&self) -> std::io::Result<Self::Io> {
-        Ok(tokio::net::UnixListener::accept(self).await?.0)
+        let me = nix::unistd::geteuid().as_raw();
+        loop {
+            let (s, _) = tokio::net::UnixListener::accept(self).await?;
+            let peer = s.peer_cred().ok().map(|c| c.uid());
+            if peer_allowed(peer, me) {
+                return Ok(s);
+            }
+            tracing::warn!(peer_uid = ?peer, uid = me, "closed a socket connection from another user");
+        }
     }
+}
+
+/// Whether a unix-socket peer with uid `peer` (`None`: the OS would not say) may talk to
+/// a server running as `me`: only the same user.
+pub fn peer_allowed(peer: Option<u32>, me: u32) -> bool {
+    peer == Some(me)
 }
 
 /// What the loop needs besides the listener and the handler.
@@ -55,6 +75,9 @@ impl Listener for tokio::net::UnixListener {
 pub struct Server {
     /// Open connections allowed at once.
     pub max_connections: usize,
+    /// A request head (or, on a kept-alive connection, the next one) must arrive within
+    /// this.
+    pub header_timeout: Duration,
     /// Cancelled to stop accepting and close connections gracefully.
     pub stop: CancellationToken,
     /// Connection tasks are spawned here.
@@ -96,15 +119,15 @@ where
                 }
             }
         };
-        let (handler, stop) = (handler.clone(), server.stop.clone());
+        let (handler, stop, header_timeout) = (handler.clone(), server.stop.clone(), server.header_timeout);
         server.tasks.spawn(async move {
-            connection(io, handler, stop).await;
+            connection(io, handler, stop, header_timeout).await;
             drop(permit);
         });
     }
 }
 
-async fn connection<I, H, Fut, B>(io: I, handler: H, stop: CancellationToken)
+async fn connection<I, H, Fut, B>(io: I, handler: H, stop: CancellationToken, header_timeout: Duration)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
@@ -119,7 +142,7 @@ where
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(http_limits::HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_timeout)
         .max_headers(http_limits::MAX_HEADERS)
         .max_buf_size(http_limits::MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(io), svc);
@@ -156,7 +179,12 @@ mod tests {
     async fn connections_over_the_cap_wait_and_stop_closes_gracefully() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let server = Server { max_connections: 1, stop: CancellationToken::new(), tasks: TaskTracker::new() };
+        let server = Server {
+            max_connections: 1,
+            header_timeout: http_limits::HEADER_READ_TIMEOUT,
+            stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        };
         let gate = Arc::new(tokio::sync::Notify::new());
         let g = gate.clone();
         let handler = move |_req: Request<Incoming>| {
@@ -183,5 +211,72 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), loop_task).await.expect("loop stops").unwrap();
         server.tasks.close();
         tokio::time::timeout(Duration::from_secs(5), server.tasks.wait()).await.expect("connections end");
+    }
+
+    #[test]
+    fn only_our_own_user_may_use_a_socket() {
+        assert!(peer_allowed(Some(1000), 1000));
+        assert!(!peer_allowed(Some(0), 1000), "not even root");
+        assert!(!peer_allowed(Some(1001), 1000));
+        assert!(!peer_allowed(None, 1000), "an unknown peer is refused");
+    }
+
+    /// Connect to `socket` with curl as `uid` (when given): curl's exit code and stdout.
+    fn curl(socket: &std::path::Path, uid: Option<u32>) -> (Option<i32>, String) {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sS", "--max-time", "10", "--unix-socket"]).arg(socket).arg("http://x/");
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let out = cmd.output().expect("curl runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_connection_from_another_user_is_closed_unanswered() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("corral-net-peer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        // Opened to everyone on purpose: only the uid check stands between.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.join("s.sock");
+        let l = tokio::net::UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let server = Server {
+            max_connections: 4,
+            header_timeout: http_limits::HEADER_READ_TIMEOUT,
+            stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        };
+        let handler = |_req: Request<Incoming>| async { Response::new(Full::new(Bytes::from_static(b"ok"))) };
+        tokio::spawn(serve(l, server.clone(), handler));
+        let p = path.clone();
+        let (code, out) = tokio::task::spawn_blocking(move || curl(&p, None)).await.unwrap();
+        assert_eq!((code, out.as_str()), (Some(0), "ok"), "our own user is served");
+        if nix::unistd::geteuid().is_root() {
+            // The control: a plain socket beside it, same modes, answered without any
+            // check, so the other user can reach this directory and speak HTTP.
+            let control = dir.join("control.sock");
+            let plain = std::os::unix::net::UnixListener::bind(&control).unwrap();
+            std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o666)).unwrap();
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let (mut c, _) = plain.accept().unwrap();
+                let _ = c.read(&mut [0; 1024]);
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+            });
+            let (code, out) = tokio::task::spawn_blocking(move || curl(&control, Some(65534))).await.unwrap();
+            assert_eq!((code, out.as_str()), (Some(0), "ok"), "the other user reaches the control socket");
+            let p = path.clone();
+            let (code, out) = tokio::task::spawn_blocking(move || curl(&p, Some(65534))).await.unwrap();
+            // Connected, then closed unanswered: curl says 7, 52 or 56 by when it notices.
+            assert!(matches!(code, Some(7 | 52 | 56)) && out.is_empty(), "another user is dropped: {code:?} {out:?}");
+        } else {
+            eprintln!("not root: the other-user connection is not tried (it needs a second uid)");
+        }
+        server.stop.cancel();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -128,4 +128,20 @@ mod tests {
         assert_eq!(probe_socket(&p).unwrap(), SocketState::Stale);
         std::fs::remove_dir_all(&d).unwrap();
     }
+
+    #[test]
+    fn a_directory_of_another_user_is_refused() {
+        let d = tmp("owner");
+        ensure_dir(&d, Access::Private).unwrap();
+        let nobody = nix::unistd::Uid::from_raw(65534);
+        if nix::unistd::chown(&d, Some(nobody), None).is_err() {
+            eprintln!("cannot chown here (not root): the foreign-owner case is not tried");
+            std::fs::remove_dir_all(&d).unwrap();
+            return;
+        }
+        let e = ensure_dir(&d, Access::Private).unwrap_err();
+        assert!(e.reason.contains("owned by uid 65534"), "{e}");
+        assert!(ensure_dir(&d, Access::NoForeignWrites).is_err(), "nor for caches");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

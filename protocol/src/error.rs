@@ -34,6 +34,10 @@ pub enum ErrorKind {
     OriginNotAllowed,
     /// No Host header.
     MissingHost,
+    /// The gateway has an API key and the request carries none, or another one.
+    InvalidApiKey,
+    /// The client stopped sending its request body (nothing for the body timeout).
+    RequestTimeout,
     /// The request names a model this server does not have.
     ModelNotFound,
     /// The engine's request queue is full.
@@ -63,9 +67,11 @@ impl ErrorKind {
         use ErrorKind::*;
         match self {
             InvalidJson | InvalidRequest | ContextLengthExceeded | ContextOverBudget | MissingHost => 400,
+            InvalidApiKey => 401,
             HostNotAllowed | OriginNotAllowed => 403,
             NotFound | ModelNotFound => 404,
             MethodNotAllowed => 405,
+            RequestTimeout => 408,
             PayloadTooLarge => 413,
             QueueFull => 429,
             Internal => 500,
@@ -98,6 +104,8 @@ impl ErrorKind {
             HostNotAllowed => "host_not_allowed",
             OriginNotAllowed => "origin_not_allowed",
             MissingHost => "missing_host",
+            InvalidApiKey => "invalid_api_key",
+            RequestTimeout => "request_timeout",
             ModelNotFound => "model_not_found",
             QueueFull => "queue_full",
             EngineDraining => "engine_draining",
@@ -181,9 +189,14 @@ impl ApiError {
         self.kind.status()
     }
 
-    /// Headers every response carrying this error gets (`Retry-After`).
+    /// Headers every response carrying this error gets: `Retry-After`, and the scheme a
+    /// refused client should authenticate with (RFC 9110 §11.6.1: a 401 must say).
     pub fn headers(&self) -> Vec<(&'static str, String)> {
-        self.kind.retry_after_secs().map(|s| ("retry-after", s.to_string())).into_iter().collect()
+        let mut h: Vec<_> = self.kind.retry_after_secs().map(|s| ("retry-after", s.to_string())).into_iter().collect();
+        if self.kind == ErrorKind::InvalidApiKey {
+            h.push(("www-authenticate", "Bearer".to_owned()));
+        }
+        h
     }
 
     /// The whole error response in `shape`.
@@ -325,5 +338,22 @@ mod tests {
         assert_eq!(ApiError::invalid("x", "y").kind.anthropic_type(), "invalid_request_error");
         assert!(e.sse_event(ApiShape::Responses).contains("\"sequence_number\":0"));
         assert!(ApiError::invalid("x", "y").headers().is_empty());
+    }
+
+    #[test]
+    fn a_missing_or_wrong_key_is_openais_invalid_api_key_and_anthropics_authentication_error() {
+        let e = ApiError::new(ErrorKind::InvalidApiKey, "no key");
+        let r = e.render(ApiShape::OpenAi);
+        assert_eq!(r.status, 401);
+        assert!(r.headers.contains(&("www-authenticate", "Bearer".to_owned())), "{:?}", r.headers);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            (v["error"]["type"].as_str(), v["error"]["code"].as_str()),
+            (Some("invalid_request_error"), Some("invalid_api_key"))
+        );
+        let a: serde_json::Value = serde_json::from_str(&e.render(ApiShape::Anthropic).body).unwrap();
+        assert_eq!(a["error"]["type"], "authentication_error");
+        assert_eq!(ErrorKind::RequestTimeout.status(), 408);
+        assert_eq!(ErrorKind::RequestTimeout.code(), "request_timeout");
     }
 }

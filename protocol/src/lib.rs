@@ -7,6 +7,7 @@
 //! defined here exactly once.
 
 pub mod anthropic;
+pub mod bounds;
 pub mod engine_wire;
 pub mod error;
 pub mod histogram;

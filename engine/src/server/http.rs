@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use corral_protocol::anthropic::{MessagesRequest, TokenCount};
+use corral_protocol::http_limits::BODY_IDLE_TIMEOUT;
 use corral_protocol::openai::{Capabilities, GenDefaults, ModelCard, ModelList};
 use corral_protocol::responses::ResponsesRequest;
 use corral_protocol::{ApiError, ApiShape, ErrorKind};
@@ -198,7 +199,7 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
         error_response_in(e, shape)
     };
     let expanded = req.headers().contains_key(corral_protocol::responses::HISTORY_HEADER);
-    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
+    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes, BODY_IDLE_TIMEOUT).await {
         Ok((_, b)) => b,
         Err(e) => return failed(&app, &e.into()),
     };
@@ -255,7 +256,7 @@ async fn respond(
 /// `POST /v1/messages/count_tokens`: the prompt a Messages request renders to, counted.
 async fn count_tokens(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
     let shape = ApiShape::Anthropic;
-    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
+    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes, BODY_IDLE_TIMEOUT).await {
         Ok((_, b)) => b,
         Err(e) => return error_response_in(&e.into(), shape),
     };
@@ -289,7 +290,7 @@ fn warning_header(reason: &str) -> HeaderValue {
 /// `POST /apply-template` (as llama.cpp's server): the prompt a chat request renders
 /// to, with the tool prompt and any unenforced-constraint instruction in it.
 async fn apply_template(app: Arc<App>, req: Request<Incoming>) -> Response<Body> {
-    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes).await {
+    let bytes = match corral_net::body::read_limited(req, app.max_body_bytes, BODY_IDLE_TIMEOUT).await {
         Ok((_, b)) => b,
         Err(e) => return error_response(&e.into()),
     };

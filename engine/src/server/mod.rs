@@ -160,6 +160,7 @@ async fn serve(
     tracing::info!(socket = %cfg.socket.display(), model = %cfg.model_id, load_ms, "engine ready");
     let server = Server {
         max_connections: http_limits::MAX_CONNECTIONS,
+        header_timeout: http_limits::HEADER_READ_TIMEOUT,
         stop: CancellationToken::new(),
         tasks: TaskTracker::new(),
     };

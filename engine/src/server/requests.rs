@@ -8,6 +8,7 @@
 //! ignored: the request carries a warning (sent as a `Warning` header) and, for chat,
 //! the system turn states the required output.
 
+use corral_protocol::bounds;
 use corral_protocol::openai::{CompletionRequest, Prompt, SamplingFields};
 use corral_protocol::{ApiError, ErrorKind};
 use llguidance::api::TopLevelGrammar;
@@ -19,13 +20,10 @@ use crate::generate::GenerateParams;
 use crate::grammar::{Constraint, Grammar};
 use crate::sampler::SamplingParams;
 
-/// A `max_tokens` above this is not a request anyone means.
-pub const MAX_TOKENS_LIMIT: i64 = 1 << 24;
 /// Raw completions that omit `max_tokens` (and no `--max-tokens`): a prompt with no
 /// template has no end-of-turn to stop at, so "until the context is full" would be
 /// the usual outcome.
 pub const COMPLETION_DEFAULT_MAX_TOKENS: usize = 512;
-pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
 /// Server-wide overrides (flags); `None` falls through to the model's defaults.
@@ -105,10 +103,10 @@ fn sampling(
     d: &EffectiveDefaults,
     vocab: usize,
 ) -> Result<(SamplingParams, Option<usize>), ApiError> {
-    if let Some(n) = f.n
-        && n != 1
-    {
-        return Err(ApiError::invalid("n", format!("only n=1 is supported (got {n})")));
+    // The request bounds (`n`, `max_tokens`, stop strings) are `protocol::bounds`'s, the
+    // same checks the gateway makes before it starts an engine.
+    if let Some(n) = f.n {
+        bounds::choices(n)?;
     }
     let mut p = d.sampling.clone();
     if let Some(t) = range_f("temperature", f.temperature, |x| x >= 0.0, ">= 0")? {
@@ -157,23 +155,20 @@ fn sampling(
         out.sort_by_key(|x| x.0);
         p.logit_bias = out;
     }
-    let max = f.max_completion_tokens.or(f.max_tokens);
+    let max = match (f.max_completion_tokens, f.max_tokens) {
+        (Some(m), _) => Some(("max_completion_tokens", m)),
+        (None, m) => m.map(|m| ("max_tokens", m)),
+    };
     let max_tokens = match max {
         None => d.max_tokens,
-        Some(m) if m <= 0 => return Err(ApiError::invalid("max_tokens", format!("max_tokens must be > 0 (got {m})"))),
-        Some(m) if m > MAX_TOKENS_LIMIT => {
-            return Err(ApiError::invalid("max_tokens", format!("max_tokens must be <= {MAX_TOKENS_LIMIT} (got {m})")));
-        }
-        Some(m) => Some(m as usize),
+        Some((param, m)) => Some(bounds::output_tokens(param, m)?),
     };
     Ok((p, max_tokens))
 }
 
 fn stops(f: &SamplingFields) -> Result<Vec<String>, ApiError> {
     let v = f.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
-    if v.len() > MAX_STOPS {
-        return Err(ApiError::invalid("stop", format!("at most {MAX_STOPS} stop strings")));
-    }
+    bounds::stops("stop", &v)?;
     Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
