@@ -1,5 +1,50 @@
 // Talking to the gateway: JSON calls, its error shape, and the event stream of a
-// streaming answer. Same origin only (the page's CSP allows nothing else).
+// streaming answer. Same origin only (the page's CSP allows nothing else). A gateway
+// started with --api-key answers 401 without it: the page then asks for the key once,
+// keeps it in this browser (localStorage) and sends it as a bearer token.
+
+const KEY = 'corral.apiKey';
+/** Set when the person declined to give a key: asked again only after a reload. */
+let declined = false;
+
+function keptKey() {
+  try {
+    return globalThis.localStorage?.getItem(KEY) || '';
+  } catch {
+    return '';
+  }
+}
+
+/** Ask for the key (one prompt at a time: prompt blocks); '' when declined. */
+function askKey() {
+  if (declined) return '';
+  const k = (globalThis.prompt?.('This corral needs its API key (the one it was started with, --api-key).') || '').trim();
+  if (!k) {
+    declined = true;
+    return '';
+  }
+  try {
+    globalThis.localStorage?.setItem(KEY, k);
+  } catch {
+    // Not kept (storage off): it still serves this call.
+  }
+  return k;
+}
+
+/**
+ * `fetch` of an API path with the kept key. A 401 with no newer key kept meanwhile
+ * (another call may have asked already) asks for one and tries once more.
+ */
+export async function apiFetch(path, init = {}) {
+  const send = (key) =>
+    fetch(path, { ...init, headers: { ...init.headers, ...(key ? { authorization: `Bearer ${key}` } : {}) } });
+  const used = keptKey();
+  const resp = await send(used);
+  if (resp.status !== 401) return resp;
+  let key = keptKey();
+  if (key === used) key = askKey();
+  return key && key !== used ? send(key) : resp;
+}
 
 /** An error as the API returns it: `{"error":{"message","type","code"}}`. */
 export class ApiError extends Error {
@@ -31,7 +76,7 @@ export function unreachable(err) {
 async function call(method, path, body, signal) {
   let resp;
   try {
-    resp = await fetch(path, {
+    resp = await apiFetch(path, {
       method,
       signal,
       headers: body === undefined ? {} : { 'content-type': 'application/json' },

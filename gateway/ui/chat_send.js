@@ -3,7 +3,7 @@
 // numbers shown under it. Stopping aborts the fetch; the gateway drops the engine
 // connection and the engine stops generating within a step.
 
-import { ApiError, errorOf, sseEvents, unreachable } from './api.js';
+import { ApiError, apiFetch, errorOf, sseEvents, unreachable } from './api.js';
 import { requestFields, systemMessage } from './settings.js';
 
 /** The messages sent for a conversation: its turns, without failed or empty answers. */
@@ -56,7 +56,7 @@ export async function streamAnswer({ body, answer, signal, onUpdate, onHead }) {
   const tm = (answer.timing ||= { t0: performance.now(), first: null, last: null, pieces: 0 });
   let resp;
   try {
-    resp = await fetch('/v1/chat/completions', {
+    resp = await apiFetch('/v1/chat/completions', {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify(body),

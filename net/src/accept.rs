@@ -144,6 +144,8 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .max_headers(http_limits::MAX_HEADERS)
+        // The head limit proper; the read buffer's cap alone lets a larger head through.
+        .max_header_size(http_limits::MAX_HEAD_BYTES)
         .max_buf_size(http_limits::MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
