@@ -235,6 +235,10 @@ fn bad_inputs_get_clear_4xx_and_the_engine_keeps_serving() {
     ] {
         post(&format!("{{{m}, {bad}}}"), 400, "invalid_value");
     }
+    // Stop strings: at most 16, each at most 256 bytes (`protocol::bounds`).
+    post(&format!(r#"{{{m}, "stop": "{}"}}"#, "x".repeat(257)), 400, "invalid_value");
+    let stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+    post(&format!(r#"{{{m}, "stop": {}}}"#, serde_json::to_string(&stops).unwrap()), 400, "invalid_value");
     // Invalid UTF-8 and a lone surrogate escape.
     expect_error(
         "POST",
