@@ -2,8 +2,12 @@
 messages.create, messages.stream (the SDK's own event accumulator), a tool-use round
 trip, and count_tokens. Exits non-zero on failure.
 
+The gateway's API key, when it has one, comes from $CORRAL_API_KEY (the SDK sends it as
+`x-api-key`); then a client with another key must get AuthenticationError.
+
 Usage: anthropic_sdk.py BASE_URL MODEL [MODEL ...]
 """
+import os
 import sys
 
 import anthropic
@@ -77,10 +81,18 @@ def run(client: anthropic.Anthropic, model: str):
 
 def main():
     base, models = sys.argv[1], sys.argv[2:]
-    client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=300)
+    key = os.environ.get("CORRAL_API_KEY")
+    client = anthropic.Anthropic(base_url=base, api_key=key or "unused", max_retries=0, timeout=300)
     print(f"anthropic {anthropic.__version__}")
     for m in models:
         run(client, m)
+    if key:
+        wrong = anthropic.Anthropic(base_url=base, api_key=key + "x", max_retries=0, timeout=30)
+        try:
+            wrong.messages.create(model=models[0], max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+            check(False, "another key is refused")
+        except anthropic.AuthenticationError as e:
+            check(e.body["error"]["type"] == "authentication_error", "another key: AuthenticationError in Anthropic's shape")
     print("anthropic SDK: all checks passed")
 
 

@@ -5,9 +5,13 @@ constraint that cannot be enforced (its Warning header); then the Responses API:
 `responses.create`, streamed responses, function calling, `previous_response_id`.
 Exits non-zero on failure.
 
+The gateway's API key, when it has one, comes from $CORRAL_API_KEY (the SDK sends it as
+`Authorization: Bearer`); then a client with another key must get AuthenticationError.
+
 Usage: openai_sdk.py BASE_URL MODEL [MODEL ...]
 """
 import json
+import os
 import sys
 from typing import List
 
@@ -147,11 +151,19 @@ def run_responses(client: OpenAI, model: str):
 
 def main():
     base, models = sys.argv[1], sys.argv[2:]
-    client = OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=300)
+    key = os.environ.get("CORRAL_API_KEY")
+    client = OpenAI(base_url=base, api_key=key or "unused", max_retries=0, timeout=300)
     print(f"openai {openai.__version__}")
     for m in models:
         run(client, m)
         run_responses(client, m)
+    if key:
+        wrong = OpenAI(base_url=base, api_key=key + "x", max_retries=0, timeout=30)
+        try:
+            wrong.models.list()
+            check(False, "another key is refused")
+        except openai.AuthenticationError as e:
+            check(e.status_code == 401 and e.code == "invalid_api_key", "another key: AuthenticationError invalid_api_key")
     print("openai SDK: all checks passed")
 
 
