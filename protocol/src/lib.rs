@@ -1,6 +1,7 @@
 //! Wire types shared by every corral process: model ids, public API shapes, error kinds
-//! and their rendering, and the contract between the pool and its engine processes
-//! (command line, exit codes, event line, admin shapes).
+//! and their rendering, the bounds on one request's work (`bounds`) and on a connection
+//! (`http_limits`), and the contract between the pool and its engine processes (command
+//! line, exit codes, event line, admin shapes).
 //!
 //! This crate owns *shapes*, never behaviour: no I/O, no tokio, no model code. Both the
 //! engine and the gateway depend on it, so a string that crosses a process boundary is
