@@ -2,14 +2,17 @@
 
 mod bench;
 mod client;
+mod config;
+mod config_file;
 mod controls;
 mod engine_cmd;
 mod fit;
 mod human;
-mod ps;
 mod ls;
 mod models;
+mod ps;
 mod pull;
+mod reload;
 mod run;
 mod serve;
 mod service;

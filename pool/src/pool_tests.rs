@@ -150,6 +150,7 @@ fn config(models: &[&str], f: impl FnOnce(&mut PoolConfig)) -> PoolConfig {
         runtime_dir: std::env::temp_dir().join("corral-pool-tests-absent"),
         engine_program: "/bin/false".into(),
         engine_options: EngineOptions::default(),
+        settings: Default::default(),
         load_timeout: Duration::from_secs(120),
         queue_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(10),
