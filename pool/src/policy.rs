@@ -147,7 +147,7 @@ mod tests {
         assert_eq!(victims(&rs, Some(&"c"), &limits), vec!["b"], "the oldest, A, is pinned");
         assert!(victims(&rs, None, &limits).contains(&"c"));
         assert!(!victims(&rs, None, &limits).contains(&"a"));
-        assert!(!can_start(&[pinned.clone()], 10, &limits), "an idle pinned engine is not evictable room");
+        assert!(!can_start(std::slice::from_ref(&pinned), 10, &limits), "an idle pinned engine is not evictable room");
         assert!(can_start(&[pinned], 10, &Limits { cap: 2, memory_budget: 0 }));
     }
 
