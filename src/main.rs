@@ -2,6 +2,8 @@
 
 mod bench;
 mod client;
+mod config;
+mod config_file;
 mod controls;
 mod engine_cmd;
 mod fit;
@@ -10,6 +12,7 @@ mod ls;
 mod models;
 mod ps;
 mod pull;
+mod reload;
 mod run;
 mod serve;
 mod service;

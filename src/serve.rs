@@ -1,7 +1,8 @@
 //! `corral serve [QUERY]`: the gateway. Models come from `--model` flags (`PATH` or
 //! `ID=PATH`), else every `.gguf` in the models directory and every GGUF in the Hugging
 //! Face cache (`models.rs`); a query keeps those whose id contains it. Engines start on
-//! demand.
+//! demand. Settings may also come from a config file (`config.rs`), re-read on SIGHUP
+//! (`reload.rs`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -18,25 +19,29 @@ use corral_protocol::launch::EngineOptions;
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// Config file (default $XDG_CONFIG_HOME/corral/corral.toml, which may be missing);
+    /// command-line flags and environment variables override it. Re-read on SIGHUP.
+    #[arg(long, value_name = "FILE", env = "CORRAL_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
     /// Serve only the models whose id contains this (case-insensitive), e.g. `smollm`.
     #[arg(value_name = "QUERY")]
-    query: Option<String>,
+    pub(crate) query: Option<String>,
     /// Address to bind. Keep the default unless other machines must reach it.
     #[arg(long, default_value = "127.0.0.1", env = "CORRAL_HOST")]
     host: IpAddr,
     /// Port to bind (0 picks a free one; the chosen address is printed on stdout).
     #[arg(long, default_value_t = 8080, env = "CORRAL_PORT")]
-    port: u16,
+    pub(crate) port: u16,
     /// A model to serve: `PATH` (id = file stem) or `ID=PATH`. Repeatable.
     #[arg(long = "model", value_name = "[ID=]PATH")]
-    models: Vec<String>,
+    pub(crate) models: Vec<String>,
     /// Serve every .gguf here (and every GGUF in the Hugging Face cache) when no --model
     /// is given.
     #[arg(long, env = "CORRAL_MODELS_DIR")]
     models_dir: Option<PathBuf>,
     /// Engines kept resident at once (least recently used idle ones are evicted).
     #[arg(long, default_value_t = 1, env = "CORRAL_MODEL_POOL")]
-    model_pool: usize,
+    pub(crate) model_pool: usize,
     /// Memory budget in GB (decimal) for resident engines (model files + KV); default
     /// 0.75 × physical memory. Each engine gets an equal share for its KV cache.
     #[arg(long, value_parser = crate::engine_cmd::gigabytes, env = "CORRAL_MEMORY_BUDGET")]
@@ -47,7 +52,7 @@ pub struct ServeArgs {
     kv_budget: Option<f64>,
     /// Stop an engine idle this long (e.g. 300, 5m, 1h); unset = keep it.
     #[arg(long, env = "CORRAL_KEEP_ALIVE", value_parser = parse_duration)]
-    keep_alive: Option<Duration>,
+    pub(crate) keep_alive: Option<Duration>,
     /// Private directory for engine sockets (default $XDG_RUNTIME_DIR/corral or /tmp/corral-<uid>).
     #[arg(long, env = "CORRAL_RUNTIME_DIR")]
     runtime_dir: Option<PathBuf>,
@@ -130,7 +135,7 @@ pub struct ServeArgs {
     /// Do not open the chat page in a browser at start (it is opened only when stdin and
     /// stdout are both a terminal, never under a service manager or a pipe).
     #[arg(long, env = "CORRAL_NO_OPEN")]
-    no_open: bool,
+    pub(crate) no_open: bool,
     /// Also accept requests whose Host header names this host (repeatable; comma-separated
     /// in the env var). Only `localhost`, `127.0.0.1`, `[::1]` and the bound address are
     /// accepted otherwise, with the server's port (a guard against DNS rebinding).
@@ -183,7 +188,9 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     parse_duration(s).and_then(|d| if d.is_zero() { Err("must be more than 0".into()) } else { Ok(d) })
 }
 
-fn model_entries(args: &ServeArgs) -> Result<Vec<ModelEntry>> {
+/// `--model` flags, then `configured` (the config file's); if none, every model found.
+/// The query is the caller's.
+pub(crate) fn model_entries(args: &ServeArgs, configured: Vec<ModelEntry>) -> Result<Vec<ModelEntry>> {
     let mut out: Vec<ModelEntry> = Vec::new();
     for m in &args.models {
         let (id, path) = match m.split_once('=') {
@@ -199,21 +206,24 @@ fn model_entries(args: &ServeArgs) -> Result<Vec<ModelEntry>> {
         }
         out.push(e);
     }
+    for e in configured {
+        if out.iter().any(|o| o.id == e.id) {
+            bail!("model id {} is given twice (--model and the config file)", e.id);
+        }
+        out.push(e);
+    }
     if out.is_empty() {
         let dir = args.models_dir.clone().unwrap_or_else(registry::default_models_dir);
         out = crate::models::discover(&dir)?.into_iter().map(|k| k.entry).collect();
         if out.is_empty() {
             bail!(
-                "no models: none in {} or in the Hugging Face cache {}, and no --model given (corral pull ORG/REPO fetches one)",
+                "no models: none in {} or in the Hugging Face cache {}, and no --model or [models] given (corral pull ORG/REPO fetches one)",
                 dir.display(),
                 crate::models::hf_cache_root().display()
             );
         }
     }
-    match &args.query {
-        Some(q) => Ok(registry::select(out, |e| &e.id, q)?),
-        None => Ok(out),
-    }
+    Ok(out)
 }
 
 fn runtime_dir(arg: Option<PathBuf>) -> Result<PathBuf> {
@@ -251,26 +261,37 @@ fn interactive() -> bool {
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
 }
 
-pub fn serve(args: ServeArgs) -> Result<i32> {
-    if args.isolate {
-        tracing::debug!("--isolate: every engine is its own process already");
-    }
-    let models = model_entries(&args)?;
-    let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
+/// The memory budget in bytes (0 = none).
+fn memory_budget(args: &ServeArgs) -> u64 {
+    args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |g| (g * 1e9) as u64)
+}
+
+/// What every engine starts with, given the pool's budget and cap (fixed at start).
+pub(crate) fn engine_options(args: &ServeArgs, memory_budget: u64, cap: usize) -> EngineOptions {
     let ssd_dir = (!args.no_ssd_cache).then(|| args.ssd_cache.clone().unwrap_or_else(registry::default_kv_dir));
-    let memory_budget = args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |g| (g * 1e9) as u64);
-    let engine_options = EngineOptions {
+    EngineOptions {
         ctx: args.ctx,
         max_queue: args.max_queue,
         batch: args.batch,
         // 0 = no budget: the pool does not count, engines take their own default.
-        memory_budget_gb: (memory_budget > 0).then(|| memory_budget as f64 / 1e9 / args.model_pool.max(1) as f64),
+        memory_budget_gb: (memory_budget > 0).then(|| memory_budget as f64 / 1e9 / cap.max(1) as f64),
         kv_budget_gb: args.kv_budget,
         threads: args.threads,
         device: args.device.map(|d| d.to_string()),
         sampling: args.sampling.to_flags(),
         cache: args.cache.to_flags(ssd_dir),
-    };
+    }
+}
+
+pub fn serve(args: ServeArgs) -> Result<i32> {
+    let source = crate::config::Source::from_process(args.config.clone());
+    let crate::config::Loaded { args, models, settings } = source.load()?;
+    if args.isolate {
+        tracing::debug!("--isolate: every engine is its own process already");
+    }
+    let runtime_dir = runtime_dir(args.runtime_dir.clone())?;
+    let memory_budget = memory_budget(&args);
+    let engine_options = engine_options(&args, memory_budget, args.model_pool);
     let engine_program = match &args.engine_bin {
         Some(p) => p.clone(),
         None => std::env::current_exe().context("locating the corral binary")?,
@@ -287,6 +308,7 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         runtime_dir,
         engine_program,
         engine_options,
+        settings,
         load_timeout: args.load_timeout,
         queue_timeout: args.queue_timeout,
         drain_timeout: args.drain_timeout,
@@ -323,6 +345,8 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let pool = Pool::new(pool_cfg)?;
+        // Ends with the runtime: it holds nothing that needs a clean stop.
+        tokio::spawn(crate::reload::on_sighup(source, pool.clone()));
         corral_gateway::run(gw, pool).await
     })
     .map_err(Into::into)

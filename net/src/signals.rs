@@ -1,6 +1,7 @@
 //! SIGTERM and SIGINT as stop requests. The first asks for a graceful stop; any later one
 //! for a fast one (a person pressing Ctrl-C twice). Signals are read on a dedicated thread
 //! (signal-hook's iterator), so no async runtime state is touched from a handler.
+//! SIGHUP asks `corral serve` to re-read its configuration (`watch_hangup`).
 
 use tokio::sync::mpsc;
 
@@ -25,6 +26,24 @@ pub fn watch() -> std::io::Result<mpsc::UnboundedReceiver<Stop>> {
                 break;
             }
             next = Stop::Fast;
+        }
+    })?;
+    Ok(rx)
+}
+
+/// Start watching SIGHUP (reload the configuration). The receiver yields one `()` per
+/// signal; signals that arrive while one is pending are merged (a reload reads the
+/// latest files anyway).
+pub fn watch_hangup() -> std::io::Result<mpsc::Receiver<()>> {
+    use signal_hook::consts::SIGHUP;
+    let mut signals = signal_hook::iterator::Signals::new([SIGHUP])?;
+    let (tx, rx) = mpsc::channel(1);
+    std::thread::Builder::new().name("sighup".into()).spawn(move || {
+        for sig in signals.forever() {
+            tracing::info!(signal = sig, "reload signal");
+            if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
+                break;
+            }
         }
     })?;
     Ok(rx)

@@ -6,7 +6,8 @@
 //! Layout: `slot.rs` is each engine's state machine as data (pure, tested row by row);
 //! `pool.rs` drives it (locks, performs effects, leases; `lease.rs`, `tasks.rs` for
 //! the engine watcher and keep-alive timer, `manage.rs` for loads and unloads a person
-//! asks for); `stop.rs` is the one stop path;
+//! asks for, `reload.rs` for a new model list); `settings.rs` holds per-model
+//! overrides; `stop.rs` is the one stop path;
 //! `procs.rs` is the door to processes and sockets (`spawn.rs`, `child.rs`,
 //! `unix_http.rs` behind it); `policy.rs` holds the decisions across models (LRU
 //! victims, room to start, backoff); `error.rs` the reasons a lease fails.
@@ -21,6 +22,8 @@ pub mod policy;
 pub mod pool;
 pub mod procs;
 pub mod registry;
+mod reload;
+pub mod settings;
 pub mod slot;
 pub mod spawn;
 pub mod state;
@@ -31,4 +34,6 @@ pub mod view;
 
 pub use error::LeaseError;
 pub use pool::{Lease, Pool, PoolConfig};
+pub use reload::Changes;
+pub use settings::ModelSettings;
 pub use view::PoolSnapshot;

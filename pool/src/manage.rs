@@ -17,15 +17,12 @@ use crate::state::EngineState;
 use crate::stop::StopPolicy;
 
 impl Pool {
-    /// The configured model with exactly this id.
+    /// The configured model with exactly this id (not an alias).
     pub fn exact(&self, id: &str) -> Result<ModelId, LeaseError> {
         let g = self.shared.lock();
-        match g.models.keys().find(|k| k.as_str() == id) {
-            Some(k) => Ok(k.clone()),
-            None => Err(LeaseError::UnknownModel {
-                requested: Some(id.to_owned()),
-                known: g.models.keys().map(ModelId::to_string).collect(),
-            }),
+        match g.models.iter().find(|(k, m)| k.as_str() == id && !m.retired) {
+            Some((k, _)) => Ok(k.clone()),
+            None => Err(LeaseError::UnknownModel { requested: Some(id.to_owned()), known: g.known() }),
         }
     }
 

@@ -55,6 +55,9 @@ pub struct Resident<K> {
     pub in_flight: usize,
     pub last_used: Instant,
     pub bytes: u64,
+    /// Never a victim (`pin = true` in the config file): it holds its place like a busy
+    /// engine.
+    pub pinned: bool,
 }
 
 pub struct Limits {
@@ -64,9 +67,9 @@ pub struct Limits {
 }
 
 /// May a model needing `bytes` start now? Idle ready engines do not count: they can be
-/// evicted once the new one is ready (spawn overlap). Busy and starting ones do.
+/// evicted once the new one is ready (spawn overlap). Busy, pinned and starting ones do.
 pub fn can_start<K>(residents: &[Resident<K>], bytes: u64, limits: &Limits) -> bool {
-    let committed: Vec<&Resident<K>> = residents.iter().filter(|r| r.starting || r.in_flight > 0).collect();
+    let committed: Vec<&Resident<K>> = residents.iter().filter(|r| r.starting || r.in_flight > 0 || r.pinned).collect();
     if committed.len() >= limits.cap.max(1) {
         return false;
     }
@@ -81,7 +84,7 @@ pub fn can_start<K>(residents: &[Resident<K>], bytes: u64, limits: &Limits) -> b
 }
 
 /// Which idle, ready engines to stop (least recently used first) so the residents fit
-/// the limits. `keep` is never chosen (the engine just started for a waiting request).
+/// the limits. Pinned engines are never chosen, nor is `keep` (the engine just started for a waiting request).
 /// Engines still starting do not count yet: the engine a switch is waiting for makes
 /// the old one go only once it is ready, so the old one serves throughout the load.
 pub fn victims<K: PartialEq + Clone>(residents: &[Resident<K>], keep: Option<&K>, limits: &Limits) -> Vec<K> {
@@ -91,7 +94,7 @@ pub fn victims<K: PartialEq + Clone>(residents: &[Resident<K>], keep: Option<&K>
         count > limits.cap.max(1) || (limits.memory_budget > 0 && bytes > limits.memory_budget && count > 1)
     };
     let mut idle: Vec<&Resident<K>> =
-        residents.iter().filter(|r| !r.starting && r.in_flight == 0 && Some(&r.key) != keep).collect();
+        residents.iter().filter(|r| !r.starting && !r.pinned && r.in_flight == 0 && Some(&r.key) != keep).collect();
     idle.sort_by_key(|r| r.last_used);
     let mut out = Vec::new();
     for r in idle {
@@ -133,7 +136,19 @@ mod tests {
 
     fn r(key: &'static str, starting: bool, in_flight: usize, age_s: u64, bytes: u64) -> Resident<&'static str> {
         let now = Instant::now() + Duration::from_secs(1000);
-        Resident { key, starting, in_flight, last_used: now - Duration::from_secs(age_s), bytes }
+        Resident { key, starting, in_flight, last_used: now - Duration::from_secs(age_s), bytes, pinned: false }
+    }
+
+    #[test]
+    fn pinned_engines_are_never_victims_and_hold_their_place() {
+        let limits = Limits { cap: 1, memory_budget: 0 };
+        let pinned = Resident { pinned: true, ..r("a", false, 0, 30, 10) };
+        let rs = [pinned.clone(), r("b", false, 0, 10, 10), r("c", false, 0, 0, 10)];
+        assert_eq!(victims(&rs, Some(&"c"), &limits), vec!["b"], "the oldest, A, is pinned");
+        assert!(victims(&rs, None, &limits).contains(&"c"));
+        assert!(!victims(&rs, None, &limits).contains(&"a"));
+        assert!(!can_start(std::slice::from_ref(&pinned), 10, &limits), "an idle pinned engine is not evictable room");
+        assert!(can_start(&[pinned], 10, &Limits { cap: 2, memory_budget: 0 }));
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub use crate::lease::Lease;
 use crate::policy::{self, Limits, Resident};
 use crate::procs::{ExitWatch, Procs, RealProcs};
 use crate::registry::ModelEntry;
+use crate::settings::ModelSettings;
 use crate::slot::{Admit, Counter, Effect, Event, Slot, StopHow, StopReason};
 use crate::state::EngineState;
 use crate::stop::{StopPolicy, stop_engine};
@@ -51,8 +52,11 @@ pub struct PoolConfig {
     pub runtime_dir: PathBuf,
     /// The engine executable (normally this binary).
     pub engine_program: PathBuf,
-    /// What every engine is started with besides its model and socket.
+    /// What every engine is started with besides its model and socket (a model's
+    /// `settings` override parts of it).
     pub engine_options: EngineOptions,
+    /// Per-model aliases, pins and option overrides (the config file's `[models.<id>]`).
+    pub settings: BTreeMap<ModelId, ModelSettings>,
     /// Longest wait for an engine to become ready.
     pub load_timeout: Duration,
     /// Longest wait for room in the pool (all engines busy).
@@ -114,9 +118,30 @@ pub(crate) struct Model {
     pub(crate) last_used_at: Option<u64>,
     /// What the live (or last) engine computes on, from its ready line.
     pub(crate) device: Option<String>,
+    pub(crate) settings: ModelSettings,
+    /// Dropped from the model list by a reload: no longer routed or listed; its engine
+    /// drains and stops, then the entry goes.
+    pub(crate) retired: bool,
 }
 
 impl Model {
+    pub(crate) fn new(entry: ModelEntry, settings: ModelSettings, base: &EngineOptions, t: Instant) -> Self {
+        let card = crate::card::from_header(&entry, crate::gguf_meta::read(&entry.path), &settings.apply(base));
+        Self {
+            slot: Slot::new(entry.id.as_str(), t),
+            entry,
+            exited: None,
+            tail: None,
+            card: Some(card),
+            last_exit: None,
+            started_at: None,
+            last_used_at: None,
+            device: None,
+            settings,
+            retired: false,
+        }
+    }
+
     fn apply(&mut self, id: &ModelId, ev: Event, now: Instant) -> Vec<Effect> {
         let from = self.slot.state();
         let fx = self.slot.on(ev, now);
@@ -136,7 +161,34 @@ impl Model {
 
 pub(crate) struct Inner {
     pub(crate) models: BTreeMap<ModelId, Model>,
+    /// Live model ids in the order given (the first is listed first).
+    pub(crate) order: Vec<ModelId>,
+    /// The pool-wide engine options (a reload replaces them for engines started later).
+    pub(crate) engine_options: EngineOptions,
     pub(crate) shutting_down: bool,
+}
+
+impl Inner {
+    /// The live model a name routes to: its id, or one of its aliases.
+    pub(crate) fn find(&self, name: &str) -> Option<ModelId> {
+        let live = || self.models.iter().filter(|(_, m)| !m.retired);
+        live()
+            .find(|(k, _)| k.as_str() == name)
+            .or_else(|| live().find(|(_, m)| m.settings.aliases.iter().any(|a| a == name)))
+            .map(|(k, _)| k.clone())
+    }
+
+    /// The only live model, if exactly one is configured.
+    pub(crate) fn only(&self) -> Option<ModelId> {
+        match self.order.as_slice() {
+            [id] => Some(id.clone()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn known(&self) -> Vec<String> {
+        self.order.iter().map(ModelId::to_string).collect()
+    }
 }
 
 pub(crate) struct Shared {
@@ -177,24 +229,16 @@ impl Pool {
             .models
             .iter()
             .map(|e| {
-                let m = Model {
-                    entry: e.clone(),
-                    slot: Slot::new(e.id.as_str(), t),
-                    exited: None,
-                    tail: None,
-                    card: Some(crate::card::from_header(e, crate::gguf_meta::read(&e.path), &cfg.engine_options)),
-                    last_exit: None,
-                    started_at: None,
-                    last_used_at: None,
-                    device: None,
-                };
-                (e.id.clone(), m)
+                let settings = cfg.settings.get(&e.id).cloned().unwrap_or_default();
+                (e.id.clone(), Model::new(e.clone(), settings, &cfg.engine_options, t))
             })
             .collect();
+        let order = cfg.models.iter().map(|e| e.id.clone()).collect();
+        let inner = Inner { models, order, engine_options: cfg.engine_options.clone(), shutting_down: false };
         let shared = Arc::new(Shared {
             cfg,
             procs,
-            inner: Mutex::new(Inner { models, shutting_down: false }),
+            inner: Mutex::new(inner),
             changed: Notify::new(),
             counters: Counters::default(),
             tasks: TaskTracker::new(),
@@ -217,22 +261,18 @@ impl Pool {
     /// The model a request without `model` (or with an unknown one) goes to: the only
     /// model, when exactly one is configured.
     pub fn default_model(&self) -> Option<ModelId> {
-        let g = self.shared.lock();
-        (g.models.len() == 1).then(|| g.models.keys().next().cloned()).flatten()
+        self.shared.lock().only()
     }
 
     pub fn route(&self, requested: Option<&str>) -> Result<ModelId, LeaseError> {
         let g = self.shared.lock();
-        if let Some(name) = requested
-            && let Some(id) = g.models.keys().find(|k| k.as_str() == name)
-        {
-            return Ok(id.clone());
+        if let Some(id) = requested.and_then(|name| g.find(name)) {
+            return Ok(id);
         }
-        if g.models.len() == 1 {
-            return Ok(g.models.keys().next().cloned().expect("one model"));
+        if let Some(id) = g.only() {
+            return Ok(id);
         }
-        let known = g.models.keys().map(ModelId::to_string).collect();
-        Err(LeaseError::UnknownModel { requested: requested.map(str::to_owned), known })
+        Err(LeaseError::UnknownModel { requested: requested.map(str::to_owned), known: g.known() })
     }
 
     /// Start a model's engine now (`--preload`); returns once it is ready.
@@ -269,7 +309,10 @@ impl Pool {
                 let t = now();
                 let others_resident = g.models.iter().any(|(k, m)| *k != id && m.slot.state().is_resident());
                 let room = has_room(&g, &id, cfg);
-                let m = g.models.get_mut(&id).expect("routed ids exist");
+                // Routed ids exist unless a reload dropped the model since.
+                let Some(m) = g.models.get_mut(&id).filter(|m| !m.retired) else {
+                    return Err(LeaseError::UnknownModel { requested: Some(id.to_string()), known: g.known() });
+                };
                 match m.slot.admit(t, waited_on) {
                     Admit::Grant { proc, .. } if Some(proc.pid) == avoid && t < asked + AVOID_GRACE => {
                         until = Some(asked + AVOID_GRACE);
@@ -363,7 +406,12 @@ impl Shared {
         let fx = {
             let mut g = self.lock();
             let Some(m) = g.models.get_mut(id) else { return };
-            m.apply(id, ev, now())
+            let fx = m.apply(id, ev, now());
+            if m.retired && !m.slot.state().is_resident() && m.slot.proc().is_none() {
+                tracing::info!(model = %id, "a model dropped by a reload has stopped; forgetting it");
+                g.models.remove(id);
+            }
+            fx
         };
         self.perform(id, fx);
     }
@@ -379,7 +427,7 @@ impl Shared {
                             model: m.entry.path.clone(),
                             id: id.clone(),
                             socket: self.cfg.runtime_dir.join(id.socket_name(generation)),
-                            options: self.cfg.engine_options.clone(),
+                            options: m.settings.apply(&g.engine_options),
                         }
                     };
                     self.tasks.spawn(tasks::run_engine(self.clone(), id.clone(), generation, launch));
@@ -458,6 +506,7 @@ fn residents(g: &Inner) -> impl Iterator<Item = Resident<ModelId>> + '_ {
             in_flight: m.slot.in_flight,
             last_used: m.slot.last_used,
             bytes: m.bytes(),
+            pinned: m.settings.pin,
         },
     )
 }

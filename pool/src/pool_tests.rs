@@ -150,6 +150,7 @@ fn config(models: &[&str], f: impl FnOnce(&mut PoolConfig)) -> PoolConfig {
         runtime_dir: std::env::temp_dir().join("corral-pool-tests-absent"),
         engine_program: "/bin/false".into(),
         engine_options: EngineOptions::default(),
+        settings: Default::default(),
         load_timeout: Duration::from_secs(120),
         queue_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(10),
@@ -415,4 +416,27 @@ async fn unload_clears_a_crash_loop_so_a_load_tries_again_at_once() {
     let t0 = Instant::now();
     pool.load("a").await.unwrap();
     assert_eq!(t0.elapsed(), Duration::ZERO, "no cooldown left");
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconfigure_adds_and_drops_models_and_drains_a_dropped_engine() {
+    let fake = Fake::new(&[("a", Behave::default()), ("b", Behave::default()), ("c", Behave::default())]);
+    let pool = Pool::with_procs(config(&["a", "b"], |c| c.cap = 2), fake.clone());
+    let lease = pool.lease(Some("a")).await.unwrap();
+    let new = config(&["b", "c"], |_| {}).models;
+    let mut settings = std::collections::BTreeMap::new();
+    let alias = crate::ModelSettings { aliases: vec!["fast".into()], ..Default::default() };
+    settings.insert(ModelId::new("c").unwrap(), alias);
+    let changes = pool.reconfigure(new, settings, EngineOptions::default());
+    assert_eq!((changes.added, changes.removed), (vec!["c".to_owned()], vec!["a".to_owned()]));
+    assert!(pool.route(Some("a")).is_err(), "a dropped model is no longer routed");
+    assert_eq!(pool.route(Some("fast")).unwrap().as_str(), "c", "aliases route");
+    assert_eq!(pool.models().data.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["b", "c"]);
+    drop(lease);
+    tokio::time::sleep(s(1)).await;
+    settle().await;
+    // The one stop path: the engine drains (finishing what it serves), then SIGTERM.
+    let (drain, term) = (fake.at("drain a"), fake.at("SIGTERM a"));
+    assert!(drain.is_some() && drain <= term, "{drain:?} {term:?}");
+    assert!(pool.snapshot().engines.iter().all(|e| e.model != "a"), "the stopped model is forgotten");
 }

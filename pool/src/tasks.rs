@@ -95,8 +95,12 @@ pub(crate) async fn keep_alive_loop(shared: Arc<Shared>, ttl: Duration) {
                 return;
             }
             let t = now();
-            let deadlines: Vec<(ModelId, Instant)> =
-                g.models.iter().filter_map(|(id, m)| Some((id.clone(), m.slot.keep_alive_due(ttl)?))).collect();
+            let deadlines: Vec<(ModelId, Instant)> = g
+                .models
+                .iter()
+                .filter(|(_, m)| !m.settings.pin)
+                .filter_map(|(id, m)| Some((id.clone(), m.slot.keep_alive_due(ttl)?)))
+                .collect();
             let next = deadlines.iter().map(|(_, at)| *at).filter(|at| *at > t).min();
             (deadlines.into_iter().filter(|(_, at)| *at <= t).map(|(id, _)| id).collect(), next)
         };

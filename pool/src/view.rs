@@ -52,6 +52,7 @@ impl Pool {
         let engines = g
             .models
             .values()
+            .filter(|m| !m.retired || m.slot.state().is_resident())
             .map(|m| EngineView {
                 model: m.entry.id.to_string(),
                 state: m.slot.state().as_str(),
@@ -76,7 +77,7 @@ impl Pool {
                     .map(|m| m.entry.id.to_string())
                     .collect(),
                 memory_budget_bytes: cfg.memory_budget,
-                default: (g.models.len() == 1).then(|| g.models.keys().next().map(|k| k.to_string())).flatten(),
+                default: g.only().map(|k| k.to_string()),
                 keep_alive_s: cfg.keep_alive.map(|d| d.as_secs()),
             },
             engines,
@@ -97,12 +98,10 @@ impl Pool {
     pub fn models(&self) -> ModelList {
         let g = self.shared.lock();
         // In the order models were given: the first is the default.
-        let data = self
-            .shared
-            .cfg
-            .models
+        let data = g
+            .order
             .iter()
-            .filter_map(|e| g.models.get(&e.id))
+            .filter_map(|id| g.models.get(id))
             .map(|m| {
                 let mut card =
                     m.card.clone().unwrap_or_else(|| ModelCard::new(m.entry.id.to_string(), m.entry.modified));

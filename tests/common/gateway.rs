@@ -52,8 +52,8 @@ impl Gateway {
     }
 
     /// Unless the arguments say otherwise, the SSD tier goes to `<tmp>/kv`, stored
-    /// Responses to `<tmp>/responses` and the Hugging Face cache is `<tmp>/hf-hub`, never
-    /// the user's cache directories.
+    /// Responses to `<tmp>/responses`, the Hugging Face cache is `<tmp>/hf-hub` and the
+    /// config directory `<tmp>/config`, never the user's.
     pub fn start_in(dir: TempDir, args: &[&str]) -> Self {
         Self::start_in_env(dir, args, &[])
     }
@@ -72,6 +72,8 @@ impl Gateway {
         // The user's Hugging Face cache is no test's business: an empty one unless the
         // test names one.
         cmd.env("HF_HUB_CACHE", dir.path().join("hf-hub"));
+        // Nor is the user's config file.
+        cmd.env("XDG_CONFIG_HOME", dir.path().join("config")).env_remove("CORRAL_CONFIG");
         let mut child = cmd
             .envs(envs.iter().copied())
             .env("RUST_LOG", "info")
