@@ -78,12 +78,15 @@ fn sighup_adds_a_model_while_another_streams() {
 
 #[test]
 fn sighup_drops_a_model_only_after_its_stream_finishes() {
-    let (gw, cfg) = start(&format!("threads = 1\n{}\n{}", table("smol", SMOLLM), table("gemma", GEMMA)));
+    // Room for both engines and a drain deadline no loaded CI machine reaches: the
+    // stream must end because it finished, not because a deadline or an eviction cut it.
+    let head = "threads = 1\nmodel-pool = 2\ndrain-timeout = \"300s\"\n";
+    let (gw, cfg) = start(&format!("{head}{}\n{}", table("smol", SMOLLM), table("gemma", GEMMA)));
     let mut s = gw.stream("/v1/chat/completions", &long_chat("smol"));
     let first = s.next_event().expect("a first event");
     let pid = gw.engine_of("smol")["pid"].as_u64().unwrap() as u32;
 
-    rewrite(&cfg, &format!("threads = 1\n{}", table("gemma", GEMMA)));
+    rewrite(&cfg, &format!("{head}{}", table("gemma", GEMMA)));
     gw.signal(Signal::SIGHUP);
     assert!(wait_until(Duration::from_secs(10), || listed(&gw) == ["gemma"]), "{:?}\n{}", listed(&gw), gw.log());
     let r = gw.post(

@@ -22,7 +22,10 @@ pub enum LeaseError {
     Overloaded,
 }
 
+/// The message lists the known ids sorted, whatever order the pool holds them in.
 fn unknown_model(requested: Option<&str>, known: &[String]) -> String {
+    let mut known = known.to_vec();
+    known.sort();
     match requested {
         Some(name) => format!("model {name:?} not found; available: {}", known.join(", ")),
         None => format!("the request names no model; available: {}", known.join(", ")),
