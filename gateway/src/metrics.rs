@@ -15,7 +15,7 @@ use std::fmt;
 use corral_protocol::engine_wire::{EngineStats, SsdCacheStats};
 use corral_protocol::histogram::Histogram;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -205,15 +205,7 @@ fn counter(
     help: &str,
     rows: impl IntoIterator<Item = (Labels, u64)>,
 ) -> fmt::Result {
-    let rows: Vec<_> = rows.into_iter().collect();
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, v) in rows {
-        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
-    }
-    Ok(())
+    family(enc, name, help, MetricType::Counter, rows, |v, m| ConstCounter::new(v).encode(m))
 }
 
 fn gauge(
@@ -222,13 +214,25 @@ fn gauge(
     help: &str,
     rows: impl IntoIterator<Item = (Labels, u64)>,
 ) -> fmt::Result {
+    family(enc, name, help, MetricType::Gauge, rows, |v, m| ConstGauge::new(v).encode(m))
+}
+
+/// One family of plain values: its descriptor, then a sample per labelled row.
+fn family(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    rows: impl IntoIterator<Item = (Labels, u64)>,
+    sample: impl Fn(u64, MetricEncoder) -> fmt::Result,
+) -> fmt::Result {
     let rows: Vec<_> = rows.into_iter().collect();
     if rows.is_empty() {
         return Ok(());
     }
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
     for (labels, v) in rows {
-        ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+        sample(v, m.encode_family(&labels)?)?;
     }
     Ok(())
 }
