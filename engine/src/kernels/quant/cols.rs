@@ -27,7 +27,7 @@ mod imp {
     use std::arch::x86_64::*;
 
     use super::super::dot::xn::{finish, step};
-    use super::super::stream::prefetch;
+    use super::super::stream::prefetch_group;
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, BlockQ8_0};
 
     // SAFETY (every block here): AVX2 and FMA are target features of this build; loads
@@ -44,9 +44,9 @@ mod imp {
         for (b, ab) in a[..blocks(&w, a)].iter().enumerate() {
             unsafe {
                 let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
+                prefetch_group(&w, b);
                 for c in 0..C {
                     let wb = &w[c][b];
-                    prefetch(wb);
                     summs[c] = wb.m.to_f32().mul_add(ab.s, summs[c]);
                     let lo = _mm_loadu_si128(wb.qs.as_ptr().cast());
                     let x = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 4), lo), _mm256_set1_epi8(0x0f));
@@ -77,9 +77,9 @@ mod imp {
         for (b, ab) in a[..blocks(&w, a)].iter().enumerate() {
             unsafe {
                 let y = _mm256_loadu_si256(ab.qs.as_ptr().cast());
+                prefetch_group(&w, b);
                 for c in 0..C {
                     let wb = &w[c][b];
-                    prefetch(wb);
                     let (d, qs) = scale_qs(wb);
                     acc[c] = signed(acc[c], d * ab.d, qs, y);
                 }

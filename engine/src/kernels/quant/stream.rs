@@ -36,6 +36,34 @@ pub(crate) fn prefetch<T>(block: &T) {
     let _ = block;
 }
 
+/// The prefetch for a column group (decode's `super::cols`): `C` adjacent weight rows read
+/// side by side, one block of each per step. Each row's own block + `AHEAD` would land
+/// inside the group itself (a row is often shorter than `AHEAD`) and leave the stream's
+/// real frontier unfetched — and the hardware prefetcher does poorly on many short
+/// interleaved streams — so the group is treated as the one stream it is in memory,
+/// consumed `C` blocks a step: step `b` asks for the lines `AHEAD` past `b` such steps
+/// from the first row. Rows that are not adjacent only make the hint useless. (Measured
+/// on a 2-core EPYC, Q8_0 rows of 18 blocks from memory, four columns a call: 3.9 ns a
+/// block with per-row prefetches, 1.2 ns with this; Gemma 3, whose 262,144-row Q8_0
+/// output matrix is most of each token, decodes 1.6x faster.)
+#[inline(always)]
+pub(crate) fn prefetch_group<T, const C: usize>(rows: &[&[T]; C], b: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let step = C * size_of::<T>();
+        let base = rows[0].as_ptr().cast::<i8>().wrapping_add(AHEAD + b * step);
+        let mut off = 0;
+        while off < step {
+            // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(off)) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (rows, b);
+}
+
 /// `items` collected into storage the kernel may back with huge pages. The advice is
 /// given before the first write, so the pages are huge from the start; where it is
 /// refused (or the platform has none) the vector is an ordinary one.
