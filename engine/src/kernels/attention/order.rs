@@ -30,15 +30,6 @@ impl Order {
         }
     }
 
-    /// The slot that key position `j` accumulates into.
-    #[inline]
-    pub(super) fn slot(self, j: usize) -> usize {
-        match self {
-            Order::Batched => j % LANES,
-            Order::Single => j % (4 * LANES),
-        }
-    }
-
     /// Combine `acc` (`[slot][dim]`) into one value per dim in ggml's order: per lane the
     /// groups (Single: (0 + 2) + (1 + 3)), then `reduce16` across lanes — written as
     /// whole-row operations over the dims so they vectorize.
