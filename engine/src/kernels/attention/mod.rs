@@ -23,7 +23,7 @@ mod values;
 use order::{LANES, Order, reduce16};
 use values::{round_probs, weigh_values};
 
-use super::ops::expf;
+use super::ops::expf_shifted;
 use super::parallel_chunks;
 use crate::kv::{BLOCK_TOKENS, SeqCache};
 
@@ -286,17 +286,17 @@ fn attend_one(
 /// Scaled scores of positions `lo..` to `exp(s - max)` in place; returns 1 / their sum,
 /// the sum being the f64 sum of 16-lane chunk sums, chunks aligned to absolute position 0.
 fn softmax_in_place(scores: &mut [f32], lo: usize, max: f32) -> f32 {
+    expf_shifted(scores, max);
     let mut sum = 0.0f64;
     let mut chunk = [0.0f32; LANES];
     let mut chunk_id = lo / LANES;
-    for (i, s) in scores.iter_mut().enumerate() {
+    for (i, s) in scores.iter().enumerate() {
         let j = lo + i;
         if j / LANES != chunk_id {
             sum += reduce16(&chunk) as f64;
             chunk = [0.0; LANES];
             chunk_id = j / LANES;
         }
-        *s = expf(*s - max);
         chunk[j % LANES] = *s;
     }
     sum += reduce16(&chunk) as f64;
