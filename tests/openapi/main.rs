@@ -161,29 +161,29 @@ impl Run {
         let media = bare_media(ct);
         assert!(listed.contains(&media), "{what}: {media} is not among {listed:?}");
         let Some(schema) = self.spec.response_schema(method, op, r.status, &media) else { return };
-        let instances: Vec<Value> = match media.as_str() {
-            "application/json" => vec![r.json()],
-            "text/event-stream" => {
-                let text = r.text();
-                let events = sse_events(&text);
-                assert!(!events.is_empty(), "{what}: an empty stream");
-                events
-                    .into_iter()
-                    .filter(|(_, data)| data != "[DONE]")
-                    .map(|(name, data)| {
-                        let v: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{what}: {e}: {data}"));
-                        if let Some(n) = name {
-                            assert_eq!(Some(n.as_str()), v["type"].as_str(), "{what}: event name and type");
-                        }
-                        v
-                    })
-                    .collect()
-            }
-            _ => return,
-        };
-        for v in instances {
-            let errors = self.spec.errors(&schema, &v);
+        let valid = |schema: &str, v: &Value| {
+            let errors = self.spec.errors(schema, v);
             assert!(errors.is_empty(), "{what}: not valid under {schema}: {errors:#?}\n{v}");
+        };
+        match media.as_str() {
+            "application/json" => valid(&schema, &r.json()),
+            "text/event-stream" => {
+                let data_schema = self.spec.sse_data_schema(&schema);
+                let events = sse_events(&r.text());
+                assert!(!events.is_empty(), "{what}: an empty stream");
+                for (name, data) in events {
+                    valid(&schema, &json!({"event": name, "data": data}));
+                    if data == "[DONE]" {
+                        continue;
+                    }
+                    let v: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{what}: {e}: {data}"));
+                    valid(&data_schema, &v);
+                    if name != "message" {
+                        assert_eq!(Some(name.as_str()), v["type"].as_str(), "{what}: event name and type");
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -252,6 +252,12 @@ fn every_operation_answers_as_the_spec_says() {
     run.check(Case::post(CHAT, with(with(tooled, "max_tokens", json!(40)), "stream", json!(true)), 200));
     run.check(Case::post(CHAT, json!(null), 400).raw(b"{\"model\": \"smol\", "));
     run.check(Case::post(CHAT, chat("nope"), 404));
+    // JSON of the wrong shape is an invalid value, not invalid JSON, with several models
+    // too (the gateway reads `model` before any engine does).
+    let r = run.check(Case::post(CHAT, with(chat("smol"), "model", json!(5)), 400).invalid());
+    assert_eq!((&r.json()["error"]["code"], &r.json()["error"]["param"]), (&json!("invalid_value"), &json!("model")));
+    let r = run.check(Case::post(CHAT, json!([]), 400).invalid());
+    assert_eq!(r.json()["error"]["code"], "invalid_value", "{}", r.text());
     run.check(Case::post(CHAT, without(chat("smol"), "messages"), 400).invalid());
     run.check(Case::post(CHAT, with(chat("smol"), "max_tokens", json!(big)), 400).invalid());
     run.check(Case::post(CHAT, with(chat("smol"), "n", json!(2)), 400).invalid());

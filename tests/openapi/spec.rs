@@ -61,16 +61,16 @@ pub fn bare_media(content_type: &str) -> String {
     content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase()
 }
 
-/// The `data:` payloads of an event stream, each with its `event:` name if it has one;
-/// comments (`: keep-alive`) are skipped.
-pub fn sse_events(text: &str) -> Vec<(Option<String>, String)> {
+/// The events of a stream as `(event, data)`: the name is `message` when the event has
+/// none (as the SSE standard reads it); comments (`: keep-alive`) are skipped.
+pub fn sse_events(text: &str) -> Vec<(String, String)> {
     text.split("\n\n")
         .filter_map(|block| {
-            let mut name = None;
+            let mut name = "message".to_owned();
             let mut data = Vec::new();
             for line in block.lines() {
                 if let Some(n) = line.strip_prefix("event:") {
-                    name = Some(n.trim().to_owned());
+                    name = n.trim().to_owned();
                 } else if let Some(d) = line.strip_prefix("data:") {
                     data.push(d.strip_prefix(' ').unwrap_or(d));
                 }
@@ -135,13 +135,23 @@ impl Spec {
         self.at(&r).get("content").and_then(Value::as_object).map(|c| c.keys().cloned().collect()).unwrap_or_default()
     }
 
-    /// The pointer of a response's schema for `media` (`x-sse-data` for event streams:
-    /// the schema of each event's `data:`).
+    /// The pointer of a response's schema for `media` (for an event stream: the schema
+    /// of one event, `{event, data}`).
     pub fn response_schema(&self, method: &str, path: &str, status: u16, media: &str) -> Option<String> {
         let r = self.response(method, path, status)?;
-        let key = if media == "text/event-stream" { "x-sse-data" } else { "schema" };
-        let p = format!("{r}/content/{}/{key}", escape(media));
+        let p = format!("{r}/content/{}/schema", escape(media));
         self.doc.pointer(&p).map(|_| p)
+    }
+
+    /// The `contentSchema` of an event schema's JSON `data` (under its `else` when the
+    /// data may also be the bare `[DONE]`).
+    pub fn sse_data_schema(&self, event: &str) -> String {
+        let e = self.deref(event.to_owned());
+        ["/properties/data/else/contentSchema", "/properties/data/contentSchema"]
+            .into_iter()
+            .map(|tail| format!("{e}{tail}"))
+            .find(|p| self.doc.pointer(p).is_some())
+            .unwrap_or_else(|| panic!("the event schema at {e} gives no contentSchema for its data"))
     }
 
     /// The pointer of an operation's JSON request body schema.
@@ -198,7 +208,7 @@ impl Spec {
 fn sse_blocks_give_their_data_and_names_and_skip_comments() {
     let text = "event: ping\ndata: {\"type\":\"ping\"}\n\n: keep-alive\n\ndata: [DONE]\n\n";
     let got = sse_events(text);
-    assert_eq!(got, vec![(Some("ping".into()), r#"{"type":"ping"}"#.into()), (None, "[DONE]".into())]);
+    assert_eq!(got, vec![("ping".into(), r#"{"type":"ping"}"#.into()), ("message".into(), "[DONE]".into())]);
     assert_eq!(bare_media("text/plain; version=0.0.4; charset=utf-8"), "text/plain");
     assert_eq!(escape("/v1/models"), "~1v1~1models");
     assert_eq!(fragment("/paths/~1a~1{id}"), "/paths/~1a~1%7Bid%7D");
