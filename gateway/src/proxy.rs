@@ -58,7 +58,7 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
     };
     // Only `model`, `stream` and the bounded fields are read; anything else about the
     // body is the engine's to judge.
-    let (model, sse_wanted) = match serde_json::from_slice::<Outline>(&body) {
+    let (model, sse_wanted) = match Outline::read(&body) {
         Ok(o) => {
             // Bounds are checked before any engine is chosen or started. count_tokens
             // generates nothing: its engine ignores `max_tokens`.
@@ -70,9 +70,8 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
             let streams = o.streams();
             (o.model, streams)
         }
-        Err(e) if app.pool.default_model().is_none() => {
-            return respond::error(shape, &ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
-        }
+        // With one model the engine judges the body (and names the field at fault).
+        Err(e) if app.pool.default_model().is_none() => return respond::error(shape, &e),
         Err(_) => (None, false),
     };
     // Responses: the stored conversation goes in, the answer is captured on its way out.

@@ -53,7 +53,8 @@ pub enum Route {
     UnloadModel,
 }
 
-const ALL: [Route; 16] = [
+/// Every route, in the order the route table is read.
+pub const ALL: [Route; 16] = [
     Route::Health,
     Route::Engine,
     Route::Stats,
@@ -136,7 +137,12 @@ impl Route {
     }
 
     pub fn allows(self, method: &Method) -> bool {
-        self.allow().split(", ").any(|m| m == method.as_str())
+        self.methods().any(|m| m == method.as_str())
+    }
+
+    /// The methods the route takes, one by one.
+    pub fn methods(self) -> impl Iterator<Item = &'static str> {
+        self.allow().split(", ")
     }
 
     /// Forwarded to the model's engine.

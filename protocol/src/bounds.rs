@@ -11,7 +11,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::error::{ApiError, ApiShape};
+use crate::error::{ApiError, ApiShape, ErrorKind};
 
 /// The most tokens one request may ask to generate (`max_tokens`,
 /// `max_completion_tokens`, `max_output_tokens`).
@@ -66,6 +66,32 @@ pub struct Outline {
     stop_sequences: Option<Value>,
 }
 
+/// Why a body is not an `Outline`, named as the engine would name it.
+fn refusal(body: &[u8], e: &serde_json::Error) -> ApiError {
+    let invalid_json = |e: &serde_json::Error| ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}"));
+    if !e.is_data() {
+        return invalid_json(e);
+    }
+    let value = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => v,
+        Err(e) => return invalid_json(&e),
+    };
+    let Value::Object(fields) = value else {
+        let got = match value {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            _ => "an array",
+        };
+        return ApiError::new(ErrorKind::InvalidRequest, format!("the request body must be a JSON object (got {got})"));
+    };
+    match fields.get("model").map(String::deserialize) {
+        Some(Err(e)) => ApiError::invalid("model", format!("model: {e}")),
+        _ => ApiError::new(ErrorKind::InvalidRequest, format!("request body: {e}")),
+    }
+}
+
 /// A stop field as strings: one string or a list of them (anything else is the engine's
 /// to refuse).
 fn stop_strings(v: &Value) -> Option<Vec<String>> {
@@ -77,6 +103,14 @@ fn stop_strings(v: &Value) -> Option<Vec<String>> {
 }
 
 impl Outline {
+    /// Read from a request body. A body that is not JSON is `invalid_json`; JSON that is
+    /// not an object, or a `model` that is not a string, is `invalid_value` — what the
+    /// engine's typed parse answers for the same body.
+    pub fn read(body: &[u8]) -> Result<Outline, ApiError> {
+        // The fast path skips every other field unread; only a refusal looks again.
+        serde_json::from_slice(body).map_err(|e| refusal(body, &e))
+    }
+
     /// Whether the stream flag is `true` (any other value is the engine's to judge).
     pub fn streams(&self) -> bool {
         self.stream.as_ref().and_then(Value::as_bool).unwrap_or(false)
@@ -164,6 +198,23 @@ mod tests {
         assert_eq!(refused(json!({"n": 2, "stop": vec!["a"; 17]}), ApiShape::Anthropic), None);
         assert_eq!(refused(json!({"max_tokens": big}), ApiShape::Responses), None);
         assert_eq!(refused(json!({"stop_sequences": vec!["a"; 17]}), ApiShape::OpenAi), None);
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_or_names_no_string_model_is_invalid_not_unparsable() {
+        let code = |b: &str| Outline::read(b.as_bytes()).map(|_| ()).map_err(|e| (e.kind, e.param));
+        assert_eq!(code(r#"{"model": "m", "x": [1, {"y": 2}]}"#), Ok(()));
+        assert_eq!(code(r#"{"model": "m""#), Err((ErrorKind::InvalidJson, None)));
+        assert_eq!(code("not json"), Err((ErrorKind::InvalidJson, None)));
+        // Valid JSON of the wrong shape: the engine's typed parse calls these invalid values.
+        for b in ["[]", r#"["m", true]"#, "null", "7", r#""m""#] {
+            let e = Outline::read(b.as_bytes()).unwrap_err();
+            assert_eq!((e.kind, e.param.as_deref()), (ErrorKind::InvalidRequest, None), "{b}");
+            assert!(e.message.starts_with("the request body must be a JSON object"), "{b}: {}", e.message);
+        }
+        let e = Outline::read(br#"{"model": 5, "messages": []}"#).unwrap_err();
+        assert_eq!((e.kind, e.param.as_deref()), (ErrorKind::InvalidRequest, Some("model")));
+        assert_eq!(e.message, "model: invalid type: integer `5`, expected a string");
     }
 
     #[test]
