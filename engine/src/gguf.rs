@@ -215,6 +215,11 @@ impl Gguf {
             .collect()
     }
 
+    /// The names of the file's tensors, in no particular order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }

@@ -146,7 +146,7 @@ fn models(app: &App) -> ModelList {
 }
 
 /// Parse a request body; every failure is a 4xx naming the field at fault.
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
