@@ -73,3 +73,47 @@ fn sampling(f: &SamplingFields, d: &EffectiveDefaults) -> Result<(), ApiError> {
     requests::stops(f)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use corral_protocol::ApiShape;
+    use corral_protocol::bounds::Outline;
+
+    use super::*;
+
+    fn engine(api: Api, body: &str) -> Result<Option<String>, ApiError> {
+        check(api, body.as_bytes(), &Model { tool_format: ToolFormat::fallback(), template: None })
+    }
+
+    fn gateway(shape: ApiShape, body: &str) -> Result<(), String> {
+        let o: Outline = serde_json::from_str(body).map_err(|e| e.to_string())?;
+        o.check(shape).map_err(|e| e.message)
+    }
+
+    /// Found by the request fuzz targets (`corral_fuzz::request`): bodies the engine
+    /// accepts that the gateway refused, and bounds the two named differently.
+    #[test]
+    fn the_gateway_refuses_no_body_the_engine_accepts() {
+        let hi = r#""messages": [{"role": "user", "content": "Hi"}]"#;
+        // The engine used max_completion_tokens and never looked at max_tokens.
+        let body = format!(r#"{{{hi}, "max_completion_tokens": 5, "max_tokens": 0}}"#);
+        let (e, g) = (engine(Api::Chat, &body).unwrap_err(), gateway(ApiShape::OpenAi, &body).unwrap_err());
+        assert_eq!(e.message, g);
+        // A key given twice that the engine does not read for this API.
+        let body = r#"{"prompt": "x", "max_output_tokens": 1, "max_output_tokens": 2}"#;
+        assert!(engine(Api::Completion, body).is_ok() && gateway(ApiShape::OpenAi, body).is_ok());
+        let body = format!(r#"{{"max_tokens": 1, {hi}, "n": 1, "n": 2}}"#);
+        assert!(engine(Api::Messages, &body).is_ok() && gateway(ApiShape::Anthropic, &body).is_ok());
+        // Out-of-bounds fields are named as the gateway names them.
+        let stops = serde_json::to_string(&vec!["x"; 17]).unwrap();
+        let body = format!(r#"{{"max_tokens": 1, {hi}, "stop_sequences": {stops}}}"#);
+        let (e, g) = (engine(Api::Messages, &body).unwrap_err(), gateway(ApiShape::Anthropic, &body).unwrap_err());
+        assert_eq!((e.param.as_deref(), e.message), (Some("stop_sequences"), g));
+        let body = r#"{"input": "Hi", "max_output_tokens": 0}"#;
+        let (e, g) = (
+            engine(Api::Responses { history_expanded: false }, body).unwrap_err(),
+            gateway(ApiShape::Responses, body).unwrap_err(),
+        );
+        assert_eq!((e.param.as_deref(), e.message), (Some("max_output_tokens"), g));
+    }
+}

@@ -155,14 +155,10 @@ pub(super) fn sampling(
         out.sort_by_key(|x| x.0);
         p.logit_bias = out;
     }
-    let max = match (f.max_completion_tokens, f.max_tokens) {
-        (Some(m), _) => Some(("max_completion_tokens", m)),
-        (None, m) => m.map(|m| ("max_tokens", m)),
-    };
-    let max_tokens = match max {
-        None => d.max_tokens,
-        Some((param, m)) => Some(bounds::output_tokens(param, m)?),
-    };
+    // Both are checked (as the gateway does) even though `max_completion_tokens` wins.
+    let bounded = |param, v: Option<i64>| v.map(|m| bounds::output_tokens(param, m)).transpose();
+    let tokens = bounded("max_tokens", f.max_tokens)?;
+    let max_tokens = bounded("max_completion_tokens", f.max_completion_tokens)?.or(tokens).or(d.max_tokens);
     Ok((p, max_tokens))
 }
 
