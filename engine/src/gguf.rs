@@ -63,7 +63,14 @@ impl Gguf {
 
     fn byte_range(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Result<(u64, u64)> {
         let dtype = info.ggml_dtype;
-        let elems = info.shape.elem_count() as u64;
+        // Checked: candle's `elem_count` multiplies the dims unchecked, so a header's dims
+        // could wrap to a small count and pass the range check below.
+        let elems = info
+            .shape
+            .dims()
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .ok_or_else(|| self.bad(format!("tensor {name}: element count overflows")))?;
         let block = dtype.block_size() as u64;
         if !elems.is_multiple_of(block) {
             return Err(self.bad(format!("tensor {name}: {elems} elements is not a multiple of {block}")));
@@ -268,5 +275,63 @@ impl Gguf {
             });
         }
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(out: &mut Vec<u8>, v: &str) {
+        out.extend((v.len() as u64).to_le_bytes());
+        out.extend(v.as_bytes());
+    }
+
+    /// A GGUF v3 file: `kvs` as (key, value type, value bytes), `tensors` as (name,
+    /// dims innermost first, ggml type), every tensor at data offset 0, then `data`.
+    fn gguf(kvs: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32)], data: &[u8]) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend((kvs.len() as u64).to_le_bytes());
+        for (k, ty, v) in kvs {
+            s(&mut out, k);
+            out.extend(ty.to_le_bytes());
+            out.extend(v);
+        }
+        for (name, dims, ty) in tensors {
+            s(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+            out.extend(ty.to_le_bytes());
+            out.extend(0u64.to_le_bytes());
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        out.extend(data);
+        out
+    }
+
+    fn open(tag: &str, bytes: &[u8]) -> Result<Gguf> {
+        let path = std::env::temp_dir().join(format!("corral-gguf-{tag}-{}.gguf", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        let g = Gguf::open(&path);
+        std::fs::remove_file(&path).unwrap();
+        g
+    }
+
+    #[test]
+    fn a_small_file_opens() {
+        let g = open("ok", &gguf(&[], &[("t", &[4], 0)], &[0; 16])).unwrap();
+        assert_eq!(g.raw("t").unwrap().0.len(), 16);
+        assert_eq!(g.tensor_names().collect::<Vec<_>>(), ["t"]);
+    }
+
+    /// Found by the `gguf_header` fuzz target: candle's element count multiplies the
+    /// dims unchecked (a panic with overflow checks, a wrapped small size without).
+    #[test]
+    fn dims_whose_product_overflows_are_refused() {
+        let huge = 1u64 << 32;
+        let e = open("dims", &gguf(&[], &[("t", &[huge, huge, huge, 32], 0)], &[0; 16])).err().unwrap();
+        assert!(e.to_string().contains("element count overflows"), "{e}");
     }
 }
