@@ -257,10 +257,19 @@ impl Gguf {
         let (bytes, dtype) = self.raw(name)?;
         let shape = self.content.tensor_infos[name].shape.clone();
         // candle casts the bytes to its block structs and asserts alignment (at most 4 for
-        // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so.
-        let data: Cow<'_, [u8]> =
-            if (bytes.as_ptr() as usize).is_multiple_of(4) { Cow::Borrowed(bytes) } else { Cow::Owned(bytes.to_vec()) };
-        let storage = QStorage::from_data(data, &Device::Cpu, dtype)?;
+        // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so, into
+        // u32s (a copy as a Vec<u8> is not aligned by contract, and an empty one's pointer
+        // is 1).
+        let copy: Vec<u32>;
+        let data = if (bytes.as_ptr() as usize).is_multiple_of(4) {
+            bytes
+        } else {
+            let mut words = vec![0u32; bytes.len().div_ceil(4)];
+            bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+            copy = words;
+            &bytemuck::cast_slice::<u32, u8>(&copy)[..bytes.len()]
+        };
+        let storage = QStorage::from_data(Cow::Borrowed(data), &Device::Cpu, dtype)?;
         Ok(QTensor::new(storage, shape)?)
     }
 
@@ -287,24 +296,19 @@ mod tests {
         out.extend(v.as_bytes());
     }
 
-    /// A GGUF v3 file: `kvs` as (key, value type, value bytes), `tensors` as (name,
-    /// dims innermost first, ggml type), every tensor at data offset 0, then `data`.
-    fn gguf(kvs: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32)], data: &[u8]) -> Vec<u8> {
+    /// A GGUF v3 file with no metadata: `tensors` as (name, dims innermost first, ggml
+    /// type, offset into the data), then `data` (aligned to 32, the default).
+    fn gguf(tensors: &[(&str, &[u64], u32, u64)], data: &[u8]) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend((tensors.len() as u64).to_le_bytes());
-        out.extend((kvs.len() as u64).to_le_bytes());
-        for (k, ty, v) in kvs {
-            s(&mut out, k);
-            out.extend(ty.to_le_bytes());
-            out.extend(v);
-        }
-        for (name, dims, ty) in tensors {
+        out.extend(0u64.to_le_bytes());
+        for (name, dims, ty, offset) in tensors {
             s(&mut out, name);
             out.extend((dims.len() as u32).to_le_bytes());
             dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
             out.extend(ty.to_le_bytes());
-            out.extend(0u64.to_le_bytes());
+            out.extend(offset.to_le_bytes());
         }
         out.resize(out.len().next_multiple_of(32), 0);
         out.extend(data);
@@ -321,9 +325,10 @@ mod tests {
 
     #[test]
     fn a_small_file_opens() {
-        let g = open("ok", &gguf(&[], &[("t", &[4], 0)], &[0; 16])).unwrap();
+        let g = open("ok", &gguf(&[("t", &[4], 0, 0)], &[0; 16])).unwrap();
         assert_eq!(g.raw("t").unwrap().0.len(), 16);
         assert_eq!(g.tensor_names().collect::<Vec<_>>(), ["t"]);
+        assert_eq!(g.f32_tensor("t", 4).unwrap(), [0.0; 4]);
     }
 
     /// Found by the `gguf_header` fuzz target: candle's element count multiplies the
@@ -331,7 +336,17 @@ mod tests {
     #[test]
     fn dims_whose_product_overflows_are_refused() {
         let huge = 1u64 << 32;
-        let e = open("dims", &gguf(&[], &[("t", &[huge, huge, huge, 32], 0)], &[0; 16])).err().unwrap();
+        let e = open("dims", &gguf(&[("t", &[huge, huge, huge, 32], 0, 0)], &[0; 16])).err().unwrap();
         assert!(e.to_string().contains("element count overflows"), "{e}");
+    }
+
+    /// Found by the `gguf_header` fuzz target: a tensor at an offset that is not a
+    /// multiple of 4 is copied before candle reads it, and the copy of an empty one was
+    /// a `Vec<u8>` whose dangling pointer (1) failed candle's alignment assertion.
+    #[test]
+    fn tensors_at_odd_offsets_load() {
+        let g = open("odd", &gguf(&[("empty", &[0], 0, 1), ("t", &[2], 0, 3)], &[0; 16])).unwrap();
+        assert!(g.f32_tensor("empty", 0).unwrap().is_empty());
+        assert_eq!(g.f32_tensor("t", 2).unwrap(), [0.0; 2]);
     }
 }
