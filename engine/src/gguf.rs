@@ -63,7 +63,14 @@ impl Gguf {
 
     fn byte_range(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Result<(u64, u64)> {
         let dtype = info.ggml_dtype;
-        let elems = info.shape.elem_count() as u64;
+        // Checked: candle's `elem_count` multiplies the dims unchecked, so a header's dims
+        // could wrap to a small count and pass the range check below.
+        let elems = info
+            .shape
+            .dims()
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .ok_or_else(|| self.bad(format!("tensor {name}: element count overflows")))?;
         let block = dtype.block_size() as u64;
         if !elems.is_multiple_of(block) {
             return Err(self.bad(format!("tensor {name}: {elems} elements is not a multiple of {block}")));
@@ -215,6 +222,11 @@ impl Gguf {
             .collect()
     }
 
+    /// The names of the file's tensors, in no particular order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
@@ -245,10 +257,19 @@ impl Gguf {
         let (bytes, dtype) = self.raw(name)?;
         let shape = self.content.tensor_infos[name].shape.clone();
         // candle casts the bytes to its block structs and asserts alignment (at most 4 for
-        // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so.
-        let data: Cow<'_, [u8]> =
-            if (bytes.as_ptr() as usize).is_multiple_of(4) { Cow::Borrowed(bytes) } else { Cow::Owned(bytes.to_vec()) };
-        let storage = QStorage::from_data(data, &Device::Cpu, dtype)?;
+        // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so, into
+        // u32s (a copy as a Vec<u8> is not aligned by contract, and an empty one's pointer
+        // is 1).
+        let copy: Vec<u32>;
+        let data = if (bytes.as_ptr() as usize).is_multiple_of(4) {
+            bytes
+        } else {
+            let mut words = vec![0u32; bytes.len().div_ceil(4)];
+            bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+            copy = words;
+            &bytemuck::cast_slice::<u32, u8>(&copy)[..bytes.len()]
+        };
+        let storage = QStorage::from_data(Cow::Borrowed(data), &Device::Cpu, dtype)?;
         Ok(QTensor::new(storage, shape)?)
     }
 
@@ -263,5 +284,69 @@ impl Gguf {
             });
         }
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(out: &mut Vec<u8>, v: &str) {
+        out.extend((v.len() as u64).to_le_bytes());
+        out.extend(v.as_bytes());
+    }
+
+    /// A GGUF v3 file with no metadata: `tensors` as (name, dims innermost first, ggml
+    /// type, offset into the data), then `data` (aligned to 32, the default).
+    fn gguf(tensors: &[(&str, &[u64], u32, u64)], data: &[u8]) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend(0u64.to_le_bytes());
+        for (name, dims, ty, offset) in tensors {
+            s(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
+            out.extend(ty.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+        }
+        out.resize(out.len().next_multiple_of(32), 0);
+        out.extend(data);
+        out
+    }
+
+    fn open(tag: &str, bytes: &[u8]) -> Result<Gguf> {
+        let path = std::env::temp_dir().join(format!("corral-gguf-{tag}-{}.gguf", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        let g = Gguf::open(&path);
+        std::fs::remove_file(&path).unwrap();
+        g
+    }
+
+    #[test]
+    fn a_small_file_opens() {
+        let g = open("ok", &gguf(&[("t", &[4], 0, 0)], &[0; 16])).unwrap();
+        assert_eq!(g.raw("t").unwrap().0.len(), 16);
+        assert_eq!(g.tensor_names().collect::<Vec<_>>(), ["t"]);
+        assert_eq!(g.f32_tensor("t", 4).unwrap(), [0.0; 4]);
+    }
+
+    /// Found by the `gguf_header` fuzz target: candle's element count multiplies the
+    /// dims unchecked (a panic with overflow checks, a wrapped small size without).
+    #[test]
+    fn dims_whose_product_overflows_are_refused() {
+        let huge = 1u64 << 32;
+        let e = open("dims", &gguf(&[("t", &[huge, huge, huge, 32], 0, 0)], &[0; 16])).err().unwrap();
+        assert!(e.to_string().contains("element count overflows"), "{e}");
+    }
+
+    /// Found by the `gguf_header` fuzz target: a tensor at an offset that is not a
+    /// multiple of 4 is copied before candle reads it, and the copy of an empty one was
+    /// a `Vec<u8>` whose dangling pointer (1) failed candle's alignment assertion.
+    #[test]
+    fn tensors_at_odd_offsets_load() {
+        let g = open("odd", &gguf(&[("empty", &[0], 0, 1), ("t", &[2], 0, 3)], &[0; 16])).unwrap();
+        assert!(g.f32_tensor("empty", 0).unwrap().is_empty());
+        assert_eq!(g.f32_tensor("t", 2).unwrap(), [0.0; 2]);
     }
 }

@@ -9,7 +9,7 @@
 //! same requests with the same messages.
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiShape, ErrorKind};
 
@@ -53,8 +53,11 @@ pub fn stops(param: &str, stops: &[String]) -> Result<(), ApiError> {
 
 /// The few fields of a generation request read before any work is committed to it:
 /// where it goes (`model`, `stream`) and what bounds its work. Every other field is
-/// skipped unread.
+/// skipped unread. Read from a JSON object only, and loosely: a key given twice counts
+/// once (the last), as for any field the engine does not know; a body the engine
+/// refuses for the repeat is the engine's to name.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(try_from = "Map<String, Value>")]
 pub struct Outline {
     pub model: Option<String>,
     pub stream: Option<Value>,
@@ -92,6 +95,29 @@ fn refusal(body: &[u8], e: &serde_json::Error) -> ApiError {
     }
 }
 
+impl TryFrom<Map<String, Value>> for Outline {
+    type Error = String;
+
+    fn try_from(mut m: Map<String, Value>) -> Result<Self, String> {
+        let model = match m.remove("model") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(other) => return Err(format!("model must be a string (got {other})")),
+        };
+        let mut field = |k: &str| m.remove(k).filter(|v| !v.is_null());
+        Ok(Outline {
+            model,
+            stream: field("stream"),
+            max_tokens: field("max_tokens"),
+            max_completion_tokens: field("max_completion_tokens"),
+            max_output_tokens: field("max_output_tokens"),
+            n: field("n"),
+            stop: field("stop"),
+            stop_sequences: field("stop_sequences"),
+        })
+    }
+}
+
 /// A stop field as strings: one string or a list of them (anything else is the engine's
 /// to refuse).
 fn stop_strings(v: &Value) -> Option<Vec<String>> {
@@ -107,7 +133,7 @@ impl Outline {
     /// not an object, or a `model` that is not a string, is `invalid_value` — what the
     /// engine's typed parse answers for the same body.
     pub fn read(body: &[u8]) -> Result<Outline, ApiError> {
-        // The fast path skips every other field unread; only a refusal looks again.
+        // Only a refusal looks at the body again, to name what is wrong as the engine would.
         serde_json::from_slice(body).map_err(|e| refusal(body, &e))
     }
 
@@ -228,5 +254,20 @@ mod tests {
             assert!(outline(v.clone()).check(ApiShape::OpenAi).is_ok(), "{v}");
         }
         assert!(!outline(json!({"stream": "yes"})).streams());
+    }
+
+    /// Found by the request fuzz targets: a key given twice (here one the engine does not
+    /// read for this API) made the whole body unreadable to the gateway, which then
+    /// refused as invalid JSON a body the engine accepts.
+    #[test]
+    fn a_repeated_key_counts_once_and_only_objects_are_read() {
+        let body =
+            br#"{"prompt": "x", "max_output_tokens": 1, "max_output_tokens": 2, "max_tokens": 0, "max_tokens": 5}"#;
+        let o: Outline = serde_json::from_slice(body).unwrap();
+        assert!(o.check(ApiShape::OpenAi).is_ok(), "the last max_tokens counts");
+        assert!(serde_json::from_slice::<Outline>(br#"["m", true, 0]"#).is_err());
+        assert!(serde_json::from_slice::<Outline>(br#"{"model": 5}"#).is_err());
+        let o: Outline = serde_json::from_slice(br#"{"model": null, "stream": null}"#).unwrap();
+        assert_eq!((o.model.as_deref(), o.streams()), (None, false));
     }
 }

@@ -7,7 +7,7 @@ use corral_protocol::anthropic::{
     BlockDelta, ContentBlock, DeltaUsage, Message, MessageDelta, MessageParam, MessagesRequest, StreamEvent, Usage,
 };
 use corral_protocol::openai::{SamplingFields, StopSpec};
-use corral_protocol::{ApiError, ApiShape};
+use corral_protocol::{ApiError, ApiShape, bounds};
 use serde_json::Value;
 
 use super::answer::{Answer, AnswerPiece};
@@ -32,6 +32,11 @@ pub fn input(req: &MessagesRequest) -> Result<ChatInput, ApiError> {
     }
     for (i, m) in messages.iter().enumerate() {
         message(i, m, &mut turns)?;
+    }
+    // Checked under its own name here (the sampling check would call it stop), with the
+    // message the gateway gives.
+    if let Some(stops) = &req.stop_sequences {
+        bounds::stops("stop_sequences", stops)?;
     }
     let mut warnings = Vec::new();
     let effort = match req.thinking.as_ref().map(|t| t.get("type").and_then(Value::as_str)) {

@@ -145,8 +145,13 @@ fn models(app: &App) -> ModelList {
     }
 }
 
-/// Parse a request body; every failure is a 4xx naming the field at fault.
-fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+/// Parse a request body; every failure is a 4xx naming the field at fault. Bodies are
+/// JSON objects: serde would read a request struct from an array too (fields by
+/// position), which no client means and the gateway does not read.
+pub(super) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::new(ErrorKind::InvalidRequest, "request body: must be a JSON object, not an array"));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -304,5 +309,21 @@ async fn apply_template(app: Arc<App>, req: Request<Incoming>) -> Response<Body>
                 .to_string(),
         ),
         Err(e) => error_response(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found with the request fuzz targets (the gateway reads objects only): a request
+    /// struct was read from a JSON array, its fields by position.
+    #[test]
+    fn bodies_are_objects() {
+        let e = parse_json::<MessagesRequest>(br#" ["m", 5, [{"role": "user", "content": "Hi"}]]"#).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(e.message.contains("JSON object"), "{}", e.message);
+        assert!(parse_json::<MessagesRequest>(br#"{"model": "m", "max_tokens": 5}"#).is_ok());
+        assert_eq!(parse_json::<MessagesRequest>(b"{").unwrap_err().kind, ErrorKind::InvalidJson);
     }
 }

@@ -14,9 +14,11 @@ use super::conversation::{self, Turn};
 use super::requests::{Common, EffectiveDefaults, MAX_TOP_LOGPROBS, Validated, compile, finish, tokenize};
 use super::structured;
 use crate::Engine;
-use crate::grammar::Constraint;
+use crate::chat::ChatMessage;
+use crate::grammar::{Constraint, Grammar};
 use crate::reasoning::{self, Effort};
 use crate::tools::ToolRequest;
+use crate::tools::format::ToolFormat;
 use crate::tools::grammar::tool_grammar;
 use crate::tools::prompt::fallback_system;
 
@@ -72,20 +74,41 @@ pub fn from_openai(req: &ChatCompletionRequest) -> Result<ChatInput, ApiError> {
     })
 }
 
-/// Validate a chat request into what the generation thread runs.
-pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize) -> Result<Validated, ApiError> {
+/// A chat request made ready for the chat template: everything `chat` decides before
+/// it needs the model's template, tokenizer and vocabulary.
+pub(super) struct Prepared {
+    pub messages: Vec<ChatMessage>,
+    /// The tools, for a template that renders them itself.
+    pub tools_json: Option<Value>,
+    pub template_kwargs: Map<String, Value>,
+    pub tools: Option<ToolRequest>,
+    /// The grammar, compiled, or why it is not enforced; `None`: nothing to enforce.
+    pub compiled: Option<Result<Grammar, String>>,
+    pub sampling: SamplingFields,
+    pub logprobs: Option<usize>,
+    pub warnings: Vec<String>,
+}
+
+/// The model-independent part of `chat`: the constraint and tool grammars (compiled by
+/// `compile`, which may refuse), the system text they need, the reasoning switch and
+/// the messages in the template's shape. `fmt` is the model's tool-call format.
+pub(super) fn prepare(
+    input: ChatInput,
+    fmt: &ToolFormat,
+    thinking: Option<bool>,
+    compile: impl FnOnce(TopLevelGrammar, bool) -> Result<Grammar, String>,
+) -> Result<Prepared, ApiError> {
     if input.turns.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
     let ChatInput { turns, tools, constraint, sampling, logprobs, mut template_kwargs, effort, warnings } = input;
-    let fmt = &engine.tool_format;
     let grammar = match (&tools, &constraint) {
         (Some(t), c) => Some(tool_grammar(fmt, t, c.as_ref())),
         (None, Some(c)) => Some(TopLevelGrammar::from_grammar(c.grammar("answer"))),
         (None, None) => None,
     };
     let json = tools.is_some() || constraint.as_ref().is_some_and(Constraint::is_json);
-    let compiled = grammar.map(|g| compile(engine, d, g, json));
+    let compiled = grammar.map(|g| compile(g, json));
     let enforced = matches!(compiled, Some(Ok(_)));
 
     // What the system turn must say: the tools (unless the template renders them),
@@ -118,21 +141,30 @@ pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize
             ));
         }
     };
-    if let Some(on) = reasoning::enable_thinking(explicit, effort, d.thinking) {
+    if let Some(on) = reasoning::enable_thinking(explicit, effort, thinking) {
         template_kwargs.insert("enable_thinking".into(), Value::Bool(on));
     }
-    let msgs = conversation::template_messages(&turns, fmt, &system);
-    let text = engine.render_chat(&msgs, tools_json.as_ref(), &template_kwargs).map_err(|e| ApiError::from(&e))?;
+    let messages = conversation::template_messages(&turns, fmt, &system);
+    Ok(Prepared { messages, tools_json, template_kwargs, tools, compiled, sampling, logprobs, warnings })
+}
+
+/// Validate a chat request into what the generation thread runs.
+pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize) -> Result<Validated, ApiError> {
+    let fmt = &engine.tool_format;
+    let p = prepare(input, fmt, d.thinking, |g, json| compile(engine, d, g, json))?;
+    let enforced = matches!(p.compiled, Some(Ok(_)));
+    let text =
+        engine.render_chat(&p.messages, p.tools_json.as_ref(), &p.template_kwargs).map_err(|e| ApiError::from(&e))?;
     let prompt = tokenize(engine, &text)?;
-    let mut v = finish(Common { prompt, logprobs, default_max: ctx }, &sampling, d, engine, ctx)?;
-    v.warnings = warnings;
-    match compiled {
+    let mut v = finish(Common { prompt, logprobs: p.logprobs, default_max: ctx }, &p.sampling, d, engine, ctx)?;
+    v.warnings = p.warnings;
+    match p.compiled {
         Some(Ok(g)) => v.params.grammar = Some(g),
         Some(Err(reason)) => v.warnings.push(format!("grammar not enforced: {reason}")),
         None => {}
     }
     v.reading = Reading {
-        tools: tools.map(|_| ToolOutput { format: fmt.clone(), enforced }),
+        tools: p.tools.map(|_| ToolOutput { format: fmt.clone(), enforced }),
         think: engine
             .template
             .as_ref()

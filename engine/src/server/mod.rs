@@ -16,6 +16,8 @@ mod app;
 mod body;
 mod conversation;
 mod errors;
+#[doc(hidden)]
+pub mod fuzzing;
 mod http;
 mod input;
 mod pacing;

@@ -98,7 +98,7 @@ fn range_f(param: &str, v: Option<f64>, ok: impl Fn(f64) -> bool, what: &str) ->
     }
 }
 
-fn sampling(
+pub(super) fn sampling(
     f: &SamplingFields,
     d: &EffectiveDefaults,
     vocab: usize,
@@ -155,18 +155,14 @@ fn sampling(
         out.sort_by_key(|x| x.0);
         p.logit_bias = out;
     }
-    let max = match (f.max_completion_tokens, f.max_tokens) {
-        (Some(m), _) => Some(("max_completion_tokens", m)),
-        (None, m) => m.map(|m| ("max_tokens", m)),
-    };
-    let max_tokens = match max {
-        None => d.max_tokens,
-        Some((param, m)) => Some(bounds::output_tokens(param, m)?),
-    };
+    // Both are checked (as the gateway does) even though `max_completion_tokens` wins.
+    let bounded = |param, v: Option<i64>| v.map(|m| bounds::output_tokens(param, m)).transpose();
+    let tokens = bounded("max_tokens", f.max_tokens)?;
+    let max_tokens = bounded("max_completion_tokens", f.max_completion_tokens)?.or(tokens).or(d.max_tokens);
     Ok((p, max_tokens))
 }
 
-fn stops(f: &SamplingFields) -> Result<Vec<String>, ApiError> {
+pub(super) fn stops(f: &SamplingFields) -> Result<Vec<String>, ApiError> {
     let v = f.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     bounds::stops("stop", &v)?;
     Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
@@ -240,16 +236,22 @@ pub(super) fn tokenize(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError
     engine.tokenizer.encode(text, true).map_err(|e| ApiError::from(&e))
 }
 
-pub fn completion(
+/// A completion's prompt as the request gives it: text to tokenize, or token ids
+/// (checked against the vocabulary).
+pub(super) enum PromptIn<'a> {
+    Text(&'a str),
+    Ids(Vec<u32>),
+}
+
+/// What a completion request asks for, checked without the model: the prompt, the
+/// logprobs count and the constraint (`vocab` bounds token ids).
+pub(super) fn completion_parts(
     req: &CompletionRequest,
-    engine: &Engine,
-    d: &EffectiveDefaults,
-    ctx: usize,
-) -> Result<Validated, ApiError> {
+    vocab: usize,
+) -> Result<(PromptIn<'_>, Option<usize>, Option<Constraint>), ApiError> {
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
-    let vocab = engine.config().vocab;
     let ids = |v: &[i64]| -> Result<Vec<u32>, ApiError> {
         v.iter()
             .map(|&t| {
@@ -261,10 +263,10 @@ pub fn completion(
     };
     let prompt = match &req.prompt {
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
-        Some(Prompt::Text(t)) => tokenize(engine, t)?,
-        Some(Prompt::Texts(v)) if v.len() == 1 => tokenize(engine, &v[0])?,
-        Some(Prompt::Tokens(v)) => ids(v)?,
-        Some(Prompt::TokenLists(v)) if v.len() == 1 => ids(&v[0])?,
+        Some(Prompt::Text(t)) => PromptIn::Text(t),
+        Some(Prompt::Texts(v)) if v.len() == 1 => PromptIn::Text(&v[0]),
+        Some(Prompt::Tokens(v)) => PromptIn::Ids(ids(v)?),
+        Some(Prompt::TokenLists(v)) if v.len() == 1 => PromptIn::Ids(ids(&v[0])?),
         Some(_) => return Err(ApiError::invalid("prompt", "exactly one prompt per request is supported")),
     };
     let logprobs = match req.logprobs {
@@ -277,7 +279,21 @@ pub fn completion(
             ));
         }
     };
-    let constraint: Option<Constraint> = structured::constraint(&req.constraints)?.map(|(_, c)| c);
+    let constraint = structured::constraint(&req.constraints)?.map(|(_, c)| c);
+    Ok((prompt, logprobs, constraint))
+}
+
+pub fn completion(
+    req: &CompletionRequest,
+    engine: &Engine,
+    d: &EffectiveDefaults,
+    ctx: usize,
+) -> Result<Validated, ApiError> {
+    let (prompt, logprobs, constraint) = completion_parts(req, engine.config().vocab)?;
+    let prompt = match prompt {
+        PromptIn::Text(t) => tokenize(engine, t)?,
+        PromptIn::Ids(ids) => ids,
+    };
     let common = Common { prompt, logprobs, default_max: COMPLETION_DEFAULT_MAX_TOKENS };
     let mut v = finish(common, &req.sampling, d, engine, ctx)?;
     // Raw completions have no template to state an unenforced constraint in: the

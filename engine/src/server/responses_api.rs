@@ -11,7 +11,7 @@ use corral_protocol::responses::{
     IncompleteDetails, InputTokensDetails, OutputContent, OutputItem, OutputTokensDetails, ReasoningContent, Response,
     ResponseUsage, ResponsesRequest,
 };
-use corral_protocol::{ApiError, ApiShape};
+use corral_protocol::{ApiError, ApiShape, bounds};
 use serde_json::{Value, json};
 
 use super::answer::{Answer, AnswerPiece};
@@ -44,6 +44,11 @@ pub fn input(req: &ResponsesRequest, history_expanded: bool) -> Result<ChatInput
             }
         }
         Some(_) => return Err(ApiError::invalid("input", "input must be a string or a list of items")),
+    }
+    // Checked under its own name here (the sampling check would call it max_tokens),
+    // with the message the gateway gives.
+    if let Some(n) = req.max_output_tokens {
+        bounds::output_tokens("max_output_tokens", n)?;
     }
     let reasoning = req.reasoning.as_ref().and_then(|r| r.get("effort")).and_then(Value::as_str);
     let sampling = SamplingFields {

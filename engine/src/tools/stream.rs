@@ -49,6 +49,9 @@ pub struct ToolStream {
     /// Text not yet decided on.
     held: String,
     calls: usize,
+    /// A call has ended and nothing but whitespace has been released since: whitespace
+    /// here may be the separator before another call.
+    after_call: bool,
     /// Arguments of the call being streamed, as sent so far.
     sent_args: String,
 }
@@ -59,7 +62,7 @@ impl ToolStream {
             Syntax::Hermes => State::Text,
             Syntax::Llama3 | Syntax::Mistral => State::Start,
         };
-        Self { fmt, enforced, state, held: String::new(), calls: 0, sent_args: String::new() }
+        Self { fmt, enforced, state, held: String::new(), calls: 0, after_call: false, sent_args: String::new() }
     }
 
     /// How many calls have started.
@@ -129,7 +132,7 @@ impl ToolStream {
         // started opener after grammar-decoded calls is a call cut short, not content.
         if last
             && self.enforced
-            && self.calls > 0
+            && self.after_call
             && partial_suffix(self.held.trim(), HERMES_OPEN) == self.held.trim().len()
         {
             self.held.clear();
@@ -140,15 +143,17 @@ impl ToolStream {
         false
     }
 
-    /// Content; after a call, whitespace alone (the separator between calls) is not.
+    /// Content; right after a call, whitespace alone (the separator between calls) is
+    /// not. Whitespace after content is content, however the text was split.
     fn content_between_calls(&mut self, out: &mut Vec<Piece>, text: &str, decided: bool) {
-        if self.calls > 0 && text.trim().is_empty() {
+        if self.after_call && text.trim().is_empty() {
             if !decided {
                 // Might still be followed by real text: keep it in front of `held`.
                 self.held.insert_str(0, text);
             }
             return;
         }
+        self.after_call &= text.is_empty();
         emit_content(out, text.to_owned());
     }
 
@@ -175,6 +180,7 @@ impl ToolStream {
                 self.held.drain(..skip);
                 let index = self.calls;
                 self.calls += 1;
+                self.after_call = true;
                 out.push(Piece::CallStart { index, name });
                 self.sent_args.clear();
                 self.state = State::Call { streaming: Some(index) };
@@ -244,6 +250,7 @@ impl ToolStream {
                 for c in calls {
                     let index = self.calls;
                     self.calls += 1;
+                    self.after_call = true;
                     out.push(Piece::CallStart { index, name: c.name });
                     emit_args(out, index, &c.arguments);
                 }
@@ -256,6 +263,7 @@ impl ToolStream {
                     Syntax::Hermes => format!("{HERMES_OPEN}{raw}{HERMES_CLOSE}"),
                     _ => raw,
                 };
+                self.after_call = false;
                 emit_content(out, text);
             }
         }

@@ -119,3 +119,31 @@ fn streaming_sends_the_name_before_the_arguments() {
     assert!(s.finish().is_empty());
     assert_eq!(s.calls(), 1);
 }
+
+/// `chunks` fed one by one, collected.
+fn parse_chunks(f: &ToolFormat, enforced: bool, chunks: &[&str]) -> (Option<String>, Vec<ParsedCall>) {
+    let mut s = ToolStream::new(f.clone(), enforced);
+    let mut pieces: Vec<Piece> = chunks.iter().flat_map(|c| s.push(c)).collect();
+    pieces.extend(s.finish());
+    collect(pieces)
+}
+
+/// Found by the `tool_calls` fuzz target: whitespace that came after content (not
+/// right after a call) was held back as a possible separator when it arrived in a
+/// chunk of its own, and dropped at the end, so the stream lost text the whole
+/// response kept.
+#[test]
+fn whitespace_after_content_is_content_however_split() {
+    let f = fmt(Syntax::Hermes);
+    for enforced in [true, false] {
+        for (chunks, content) in [
+            (&[W, ";", "\n"][..], ";\n"),
+            (&["<tool_call>{\"name\":\"\"}</tool_call>;", "\n"][..], ";\n"),
+            (&[W, "\n", "ok", "\n", W, " "][..], "\nok\n"),
+        ] {
+            let whole = parse(&f, enforced, &chunks.concat());
+            assert_eq!(whole.0.as_deref(), Some(content), "{chunks:?}");
+            assert_eq!(parse_chunks(&f, enforced, chunks), whole, "{chunks:?} enforced={enforced}");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! A request body through the engine's parse and validation and through the gateway's
+//! bounds check (`Outline`), for the three request targets.
+//!
+//! Asserted: nothing panics, and the gateway never refuses a body the engine would
+//! accept (its check runs first, before any engine is chosen, and is meant to refuse a
+//! subset of what the engine refuses, with the same messages).
+
+use std::sync::OnceLock;
+
+use corral_engine::chat::ChatTemplate;
+use corral_engine::config::Arch;
+use corral_engine::server::fuzzing::{self, Api, Model};
+use corral_engine::tools::format::{Syntax, ToolFormat};
+use corral_protocol::ApiShape;
+use corral_protocol::bounds::Outline;
+
+/// ChatML that renders tools, tool calls and tool results itself (Qwen's shape), so the
+/// native tool path reaches a template too.
+pub const TOOLS_TEMPLATE: &str = concat!(
+    "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n",
+    "{%- endif %}",
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}",
+    "{%- for c in m.tool_calls or [] %}<tool_call>\n{{ c.function | tojson }}\n</tool_call>{% endfor %}",
+    "{%- if m.tool_call_id %} [{{ m.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}",
+    "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n{% endif %}",
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+);
+
+fn template() -> &'static ChatTemplate {
+    static T: OnceLock<ChatTemplate> = OnceLock::new();
+    T.get_or_init(|| {
+        ChatTemplate::new(Some(TOOLS_TEMPLATE), Arch::Llama, "<s>", "</s>", true).expect("the template compiles")
+    })
+}
+
+/// The tool-call format a selector byte picks: corral's fallback or a native one.
+pub fn tool_format(selector: u8) -> ToolFormat {
+    let native = |syntax| ToolFormat { syntax, native: true, marker_token: None };
+    match selector % 4 {
+        0 => ToolFormat::fallback(),
+        1 => native(Syntax::Hermes),
+        2 => native(Syntax::Llama3),
+        _ => native(Syntax::Mistral),
+    }
+}
+
+/// `data`: a selector byte (the model's tool format), then the body.
+pub fn run(api: Api, shape: ApiShape, data: &[u8]) {
+    let Some((&selector, body)) = data.split_first() else { return };
+    let model = Model { tool_format: tool_format(selector), template: Some(template()) };
+    if fuzzing::check(api, body, &model).is_err() {
+        return;
+    }
+    let outline: Outline = match serde_json::from_slice(body) {
+        Ok(o) => o,
+        Err(e) => panic!("the engine accepts a body the gateway cannot read: {e}"),
+    };
+    if let Err(e) = outline.check(shape) {
+        panic!("the gateway refuses a body the engine accepts: {}", e.message);
+    }
+}
