@@ -66,14 +66,15 @@ impl Gguf {
 
     fn byte_range(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Result<(u64, u64)> {
         let dtype = info.ggml_dtype;
-        // Checked: candle's `elem_count` multiplies the dims unchecked, so a header's dims
-        // could wrap to a small count and pass the range check below.
-        let elems = info
-            .shape
-            .dims()
+        // Checked, zeros counted as 1: candle multiplies the dims unchecked (the element
+        // count, the strides from the innermost out), so no partial product may overflow,
+        // or a wrapped small size could pass the range check below.
+        let dims = info.shape.dims();
+        let bound = dims
             .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .try_fold(1u64, |n, &d| n.checked_mul((d as u64).max(1)))
             .ok_or_else(|| self.bad(format!("tensor {name}: element count overflows")))?;
+        let elems = if dims.contains(&0) { 0 } else { bound };
         let block = dtype.block_size() as u64;
         if !elems.is_multiple_of(block) {
             return Err(self.bad(format!("tensor {name}: {elems} elements is not a multiple of {block}")));

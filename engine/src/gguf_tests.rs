@@ -43,12 +43,16 @@ fn a_small_file_opens() {
 }
 
 /// Found by the `gguf_header` fuzz target: candle's element count multiplies the
-/// dims unchecked (a panic with overflow checks, a wrapped small size without).
+/// dims unchecked (a panic with overflow checks, a wrapped small size without), and
+/// its strides do too, even for a tensor with a zero dim.
 #[test]
 fn dims_whose_product_overflows_are_refused() {
     let huge = 1u64 << 32;
-    let e = open("dims", &gguf(&[("t", &[huge, huge, huge, 32], 0, 0)], &[0; 16])).err().unwrap();
-    assert!(e.to_string().contains("element count overflows"), "{e}");
+    // Also with a zero dim: candle's strides multiply the others first.
+    for dims in [&[huge, huge, huge, 32][..], &[huge, huge, 0]] {
+        let e = open("dims", &gguf(&[("t", dims, 0, 0)], &[0; 16])).err().unwrap();
+        assert!(e.to_string().contains("element count overflows"), "{dims:?}: {e}");
+    }
 }
 
 fn kv(key: &str, ty: u32, value: &[u8]) -> Vec<u8> {
