@@ -43,6 +43,9 @@ impl Gguf {
         if &map[..4] != b"GGUF" {
             return Err(Error::NotGguf { path: path.to_owned() });
         }
+        if zero_alignment(&map) {
+            return Err(Error::BadGguf { path: path.to_owned(), reason: "general.alignment is 0".into() });
+        }
         let content = Content::read(&mut Cursor::new(&map[..]))
             .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: crate::error::candle_message(&e) })?;
         let gguf = Self { path: path.to_owned(), map, content };
@@ -63,14 +66,15 @@ impl Gguf {
 
     fn byte_range(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Result<(u64, u64)> {
         let dtype = info.ggml_dtype;
-        // Checked: candle's `elem_count` multiplies the dims unchecked, so a header's dims
-        // could wrap to a small count and pass the range check below.
-        let elems = info
-            .shape
-            .dims()
+        // Checked, zeros counted as 1: candle multiplies the dims unchecked (the element
+        // count, the strides from the innermost out), so no partial product may overflow,
+        // or a wrapped small size could pass the range check below.
+        let dims = info.shape.dims();
+        let bound = dims
             .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .try_fold(1u64, |n, &d| n.checked_mul((d as u64).max(1)))
             .ok_or_else(|| self.bad(format!("tensor {name}: element count overflows")))?;
+        let elems = if dims.contains(&0) { 0 } else { bound };
         let block = dtype.block_size() as u64;
         if !elems.is_multiple_of(block) {
             return Err(self.bad(format!("tensor {name}: {elems} elements is not a multiple of {block}")));
@@ -287,66 +291,77 @@ impl Gguf {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn s(out: &mut Vec<u8>, v: &str) {
-        out.extend((v.len() as u64).to_le_bytes());
-        out.extend(v.as_bytes());
-    }
-
-    /// A GGUF v3 file with no metadata: `tensors` as (name, dims innermost first, ggml
-    /// type, offset into the data), then `data` (aligned to 32, the default).
-    fn gguf(tensors: &[(&str, &[u64], u32, u64)], data: &[u8]) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((tensors.len() as u64).to_le_bytes());
-        out.extend(0u64.to_le_bytes());
-        for (name, dims, ty, offset) in tensors {
-            s(&mut out, name);
-            out.extend((dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
-            out.extend(ty.to_le_bytes());
-            out.extend(offset.to_le_bytes());
+/// Whether the metadata sets `general.alignment` to 0. candle's reader divides by it
+/// when it is an integer of at most 32 bits, so a 0 would panic (abort the engine)
+/// instead of failing. Anything else malformed is left to that reader to name.
+fn zero_alignment(bytes: &[u8]) -> bool {
+    let scan = || -> Option<bool> {
+        let v1 = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?) == 1;
+        let mut w = Walk { rest: bytes.get(8..)?, v1 };
+        let (_tensors, kvs) = (w.len()?, w.len()?);
+        let mut zero = false;
+        for _ in 0..kvs {
+            let n = w.len()?;
+            let key = w.take(n)?;
+            let ty = w.u32()?;
+            // candle drops a key's trailing NULs; a repeated key: the last one counts.
+            let key = &key[..key.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)];
+            if key == b"general.alignment" && ty <= 5 {
+                let v = w.take(1 << (ty / 2))?;
+                zero = v.iter().all(|&b| b == 0);
+            } else {
+                w.skip(ty, 0)?;
+            }
         }
-        out.resize(out.len().next_multiple_of(32), 0);
-        out.extend(data);
-        out
+        Some(zero)
+    };
+    scan().unwrap_or(false)
+}
+
+/// A walk over GGUF metadata values (version 1 writes lengths as u32, later ones as u64).
+struct Walk<'a> {
+    rest: &'a [u8],
+    v1: bool,
+}
+
+impl<'a> Walk<'a> {
+    fn take(&mut self, n: u64) -> Option<&'a [u8]> {
+        let n = usize::try_from(n).ok().filter(|&n| n <= self.rest.len())?;
+        let (head, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Some(head)
     }
 
-    fn open(tag: &str, bytes: &[u8]) -> Result<Gguf> {
-        let path = std::env::temp_dir().join(format!("corral-gguf-{tag}-{}.gguf", std::process::id()));
-        std::fs::write(&path, bytes).unwrap();
-        let g = Gguf::open(&path);
-        std::fs::remove_file(&path).unwrap();
-        g
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
 
-    #[test]
-    fn a_small_file_opens() {
-        let g = open("ok", &gguf(&[("t", &[4], 0, 0)], &[0; 16])).unwrap();
-        assert_eq!(g.raw("t").unwrap().0.len(), 16);
-        assert_eq!(g.tensor_names().collect::<Vec<_>>(), ["t"]);
-        assert_eq!(g.f32_tensor("t", 4).unwrap(), [0.0; 4]);
+    fn len(&mut self) -> Option<u64> {
+        if self.v1 { self.u32().map(u64::from) } else { Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?)) }
     }
 
-    /// Found by the `gguf_header` fuzz target: candle's element count multiplies the
-    /// dims unchecked (a panic with overflow checks, a wrapped small size without).
-    #[test]
-    fn dims_whose_product_overflows_are_refused() {
-        let huge = 1u64 << 32;
-        let e = open("dims", &gguf(&[("t", &[huge, huge, huge, 32], 0, 0)], &[0; 16])).err().unwrap();
-        assert!(e.to_string().contains("element count overflows"), "{e}");
-    }
-
-    /// Found by the `gguf_header` fuzz target: a tensor at an offset that is not a
-    /// multiple of 4 is copied before candle reads it, and the copy of an empty one was
-    /// a `Vec<u8>` whose dangling pointer (1) failed candle's alignment assertion.
-    #[test]
-    fn tensors_at_odd_offsets_load() {
-        let g = open("odd", &gguf(&[("empty", &[0], 0, 1), ("t", &[2], 0, 3)], &[0; 16])).unwrap();
-        assert!(g.f32_tensor("empty", 0).unwrap().is_empty());
-        assert_eq!(g.f32_tensor("t", 2).unwrap(), [0.0; 2]);
+    /// Past one value of type `ty` (every value is at least one byte, so a walk over a
+    /// huge declared array ends where the bytes do).
+    fn skip(&mut self, ty: u32, depth: u32) -> Option<()> {
+        let size = match ty {
+            0 | 1 | 7 => 1,
+            2 | 3 => 2,
+            4..=6 => 4,
+            10..=12 => 8,
+            8 => self.len()?,
+            9 if depth < 64 => {
+                let (ty, n) = (self.u32()?, self.len()?);
+                for _ in 0..n {
+                    self.skip(ty, depth + 1)?;
+                }
+                return Some(());
+            }
+            _ => return None,
+        };
+        self.take(size).map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[path = "gguf_tests.rs"]
+mod tests;
