@@ -70,7 +70,10 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
             let streams = o.streams();
             (o.model, streams)
         }
-        Err(e) if app.pool.default_model().is_none() => {
+        // Not JSON, or not an object: no engine would take it, so none is started for
+        // it. An object of another shape (`"model": 5`) goes to the only model's engine,
+        // whose full parse names the field.
+        Err(e) if !e.is_data() || !json_object(&body) || app.pool.default_model().is_none() => {
             return respond::error(shape, &ApiError::new(ErrorKind::InvalidJson, format!("invalid JSON: {e}")));
         }
         Err(_) => (None, false),
@@ -104,6 +107,11 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
             Err(e) => return fail(&app, &lease, e, shape),
         }
     }
+}
+
+/// Whether a body that parsed as JSON is an object (every API's request is one).
+fn json_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// Apply the table to a failure before the head: count, recycle, answer.
