@@ -183,7 +183,7 @@ fn busy_engines_are_never_evicted() {
 fn concurrent_cold_requests_start_exactly_one_engine() {
     let gw = fake_gateway(&[("cold", json!({"load_ms": 500, "tokens": 3}))], &[]);
     let addr = gw.addr.clone();
-    let handles: Vec<_> = (0..12)
+    let handles: Vec<_> = (0..100)
         .map(|_| {
             let addr = addr.clone();
             std::thread::spawn(move || {

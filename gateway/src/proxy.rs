@@ -70,8 +70,10 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
             let streams = o.streams();
             (o.model, streams)
         }
-        // With one model the engine judges the body (and names the field at fault).
-        Err(e) if app.pool.default_model().is_none() => return respond::error(shape, &e),
+        // Not JSON, or not an object: no engine would take it, so none is started for it.
+        // With several models the body must name one. With one model, an object of
+        // another shape (`"model": 5`) goes to its engine, whose full parse names the field.
+        Err(e) if !json_object(&body) || app.pool.default_model().is_none() => return respond::error(shape, &e),
         Err(_) => (None, false),
     };
     // Responses: the stored conversation goes in, the answer is captured on its way out.
@@ -103,6 +105,11 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
             Err(e) => return fail(&app, &lease, e, shape),
         }
     }
+}
+
+/// Whether a body that parsed as JSON is an object (every API's request is one).
+fn json_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// Apply the table to a failure before the head: count, recycle, answer.

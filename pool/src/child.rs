@@ -1,10 +1,11 @@
 //! Watching one engine process: its ready line on stdout, its log lines on stderr
 //! (re-emitted under the engine's span and kept in a tail for crash reports), and its
-//! exit, published once it has been reaped. Stopping is `stop.rs`.
+//! exit, published once it has been reaped (its process group is killed then, so no
+//! helper it forked outlives it). Stopping is `stop.rs`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use corral_protocol::engine_wire::EngineEvent;
 use nix::sys::signal::{Signal, killpg};
@@ -13,6 +14,8 @@ use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{oneshot, watch};
+
+use crate::stderr_limit::{self, LogBudget, Verdict, read_bounded_line};
 
 /// Stderr lines kept for crash reports.
 pub const TAIL_LINES: usize = 50;
@@ -69,14 +72,25 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
     let stderr_done = if let Some(err) = child.stderr.take() {
         let (tail, model) = (tail.clone(), model.to_owned());
         Some(tokio::spawn(async move {
-            let mut lines = BufReader::new(err).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                reemit(&model, pid, &line);
+            // Bounded per line and rate-limited (`stderr_limit.rs`): a flooding engine
+            // costs the gateway neither memory nor its pace. The tail sees every line.
+            let mut err = BufReader::new(err);
+            let mut budget = LogBudget::new(stderr_limit::PER_SEC, stderr_limit::BURST, Instant::now());
+            while let Some((line, cut)) = read_bounded_line(&mut err, stderr_limit::MAX_LINE_BYTES).await {
+                if let Verdict::Emit { dropped } = budget.admit(Instant::now()) {
+                    if dropped > 0 {
+                        tracing::warn!(model = %model, pid, dropped, "engine stderr lines left out of the log (rate limit)");
+                    }
+                    reemit(&model, pid, &line, cut);
+                }
                 let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if t.len() == TAIL_LINES {
                     t.pop_front();
                 }
                 t.push_back(line);
+            }
+            if budget.pending() > 0 {
+                tracing::warn!(model = %model, pid, dropped = budget.pending(), "engine stderr lines left out of the log (rate limit)");
             }
         }))
     } else {
@@ -85,6 +99,10 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
     let tail2 = tail.clone();
     tokio::spawn(async move {
         let status = child.wait().await;
+        // Whatever the engine left in its process group (helpers it forked) goes with it,
+        // however it ended. The group id is the reaped leader's pid: reused only if a new
+        // process took that pid and made itself a group leader in this instant.
+        signal_group(pid, Signal::SIGKILL);
         // Let the stderr reader take the last lines (the crash message) before reporting.
         if let Some(h) = stderr_done {
             let _ = tokio::time::timeout(Duration::from_millis(200), h).await;
@@ -102,10 +120,11 @@ pub fn watch(mut child: Child, model: &str) -> std::io::Result<Watched> {
     Ok(Watched { pid, stdin, ready, exited, tail })
 }
 
-/// Log an engine's stderr line under the gateway's subscriber, keeping its level.
-fn reemit(model: &str, pid: u32, line: &str) {
+/// Log an engine's stderr line under the gateway's subscriber, keeping its level
+/// (`cut`: only the line's first `MAX_LINE_BYTES` are here).
+fn reemit(model: &str, pid: u32, line: &str, cut: bool) {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-        tracing::warn!(model, pid, line, "engine stderr");
+        tracing::warn!(model, pid, line, cut, "engine stderr");
         return;
     };
     let msg = v.get("message").and_then(|m| m.as_str()).unwrap_or(line);

@@ -142,17 +142,31 @@ fn scalar_size(ty: u32) -> Option<u64> {
     }
 }
 
+/// Move `n` bytes on. Short hops are read and dropped: `BufReader::seek` throws its
+/// buffer away on every call, which made skipping a 262,144-token vocabulary one 8 KiB
+/// read per token (seconds before the gateway could listen).
+fn advance<R: Read + Seek>(r: &mut R, n: i64) -> Result<(), GgufMetaError> {
+    match u64::try_from(n) {
+        Ok(short) if short <= 64 * 1024 => {
+            std::io::copy(&mut r.by_ref().take(short), &mut std::io::sink())?;
+        }
+        _ => {
+            r.seek(SeekFrom::Current(n))?;
+        }
+    }
+    Ok(())
+}
+
 /// Move past one value of type `ty` without keeping it.
 fn skip<R: Read + Seek>(r: &mut R, ty: u32, depth: u32) -> Result<(), GgufMetaError> {
     if let Some(n) = scalar_size(ty) {
-        r.seek(SeekFrom::Current(n as i64))?;
-        return Ok(());
+        return advance(r, n as i64);
     }
     match ty {
         8 => {
             let len = u64::from_le_bytes(bytes(r)?);
             let len = i64::try_from(len).map_err(|_| GgufMetaError::Malformed("string too long"))?;
-            r.seek(SeekFrom::Current(len))?;
+            advance(r, len)?;
         }
         9 if depth < MAX_DEPTH => {
             let elem = u32::from_le_bytes(bytes(r)?);
@@ -160,7 +174,7 @@ fn skip<R: Read + Seek>(r: &mut R, ty: u32, depth: u32) -> Result<(), GgufMetaEr
             match scalar_size(elem) {
                 Some(size) => {
                     let total = n.checked_mul(size).and_then(|t| i64::try_from(t).ok());
-                    r.seek(SeekFrom::Current(total.ok_or(GgufMetaError::Malformed("array too long"))?))?;
+                    advance(r, total.ok_or(GgufMetaError::Malformed("array too long"))?)?;
                 }
                 None => {
                     for _ in 0..n {

@@ -15,12 +15,15 @@ pub struct Lease {
     pub model: ModelId,
     pub socket: PathBuf,
     pub pid: u32,
+    /// The process generation it was granted on (a lease outliving its process must not
+    /// count against the next one).
+    generation: u64,
     released: bool,
 }
 
 impl Lease {
-    pub(crate) fn new(shared: Arc<Shared>, model: ModelId, socket: PathBuf, pid: u32) -> Self {
-        Self { shared, model, socket, pid, released: false }
+    pub(crate) fn new(shared: Arc<Shared>, model: ModelId, socket: PathBuf, pid: u32, generation: u64) -> Self {
+        Self { shared, model, socket, pid, generation, released: false }
     }
 }
 
@@ -38,7 +41,7 @@ impl Lease {
             let mut g = self.shared.lock();
             let Some(m) = g.models.get_mut(&self.model) else { return };
             m.last_used_at = Some(child::unix_secs());
-            m.slot.release(now())
+            m.slot.release(now(), self.generation)
         };
         self.shared.perform(&self.model, fx);
     }

@@ -9,7 +9,7 @@
 //! asks for, `reload.rs` for a new model list); `settings.rs` holds per-model
 //! overrides; `stop.rs` is the one stop path;
 //! `procs.rs` is the door to processes and sockets (`spawn.rs`, `child.rs`,
-//! `unix_http.rs` behind it); `policy.rs` holds the decisions across models (LRU
+//! `unix_http.rs` behind it; `stderr_limit.rs` bounds what an engine's stderr costs); `policy.rs` holds the decisions across models (LRU
 //! victims, room to start, backoff); `error.rs` the reasons a lease fails.
 
 pub mod card;
@@ -27,10 +27,16 @@ pub mod settings;
 pub mod slot;
 pub mod spawn;
 pub mod state;
+pub mod stderr_limit;
 pub mod stop;
 mod tasks;
 pub mod unix_http;
 pub mod view;
+
+#[cfg(test)]
+mod fake_procs;
+#[cfg(test)]
+mod pool_model_tests;
 
 pub use error::LeaseError;
 pub use pool::{Lease, Pool, PoolConfig};

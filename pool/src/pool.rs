@@ -318,11 +318,11 @@ impl Pool {
                         until = Some(asked + AVOID_GRACE);
                         vec![]
                     }
-                    Admit::Grant { proc, .. } => {
+                    Admit::Grant { proc, generation } => {
                         m.slot.lease(t);
                         m.last_used_at = Some(child::unix_secs());
                         let (socket, pid) = (proc.socket, proc.pid);
-                        return Ok(Lease::new(shared.clone(), id, socket, pid));
+                        return Ok(Lease::new(shared.clone(), id, socket, pid, generation));
                     }
                     Admit::Refuse(e) => return Err(e),
                     Admit::Wait { until: u, starting } => {

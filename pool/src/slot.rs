@@ -259,7 +259,14 @@ impl Slot {
         self.last_used = now;
     }
 
-    pub fn release(&mut self, now: Instant) -> Vec<Effect> {
+    /// A lease on process `generation` ended. A lease on a process that has since
+    /// exited was already cleared with it (`in_flight` restarts at 0 with each process):
+    /// counting it against its successor would make a busy engine look idle, and so
+    /// evictable or past its keep-alive mid-request.
+    pub fn release(&mut self, now: Instant, generation: u64) -> Vec<Effect> {
+        if self.live_generation() != Some(generation) {
+            return vec![Effect::Wake];
+        }
         self.in_flight = self.in_flight.saturating_sub(1);
         self.last_used = now;
         vec![Effect::Wake, Effect::Evict { keep_self: false }]
@@ -313,6 +320,10 @@ impl Slot {
                 if let Some(t) = switch_from {
                     fx.push(Switched(now.saturating_duration_since(t)));
                 }
+                // Ready counts as a use: an engine restarted for a model last used long
+                // ago is neither past its keep-alive nor the least recently used before
+                // the requests that waited for it have taken it.
+                self.last_used = self.last_used.max(now);
                 (Phase::Ready { generation, proc, since: now }, fx)
             }
             (Phase::Ready { generation, proc, since }, Event::Stop { why, pid })

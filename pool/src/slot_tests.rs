@@ -184,9 +184,32 @@ fn ready_leases_and_releases() {
     s.lease(t0 + ms(5));
     assert_eq!((s.in_flight, s.last_used), (1, t0 + ms(5)));
     assert_eq!(s.keep_alive_due(ms(1000)), None, "busy engines never expire");
-    assert_eq!(s.release(t0 + ms(9)), vec![Effect::Wake, Effect::Evict { keep_self: false }]);
+    let g = s.live_generation().unwrap();
+    assert_eq!(s.release(t0 + ms(9), g), vec![Effect::Wake, Effect::Evict { keep_self: false }]);
     assert_eq!(s.keep_alive_due(ms(1000)), Some(t0 + ms(1009)));
     assert!(s.on(Event::Start { switch_from: None }, t0).is_empty());
+}
+
+#[test]
+fn a_lease_on_a_process_that_exited_does_not_count_against_its_successor() {
+    let t0 = Instant::now();
+    let mut s = ready(t0);
+    let old = s.live_generation().unwrap();
+    s.lease(t0);
+    // The process dies with the lease still held (a client still reading its cut stream).
+    s.on(Event::Exited { generation: old, exit: exit(None, Some(9)) }, t0 + ms(1));
+    assert_eq!(s.in_flight, 0);
+    s.on(Event::Start { switch_from: None }, t0 + ms(1000));
+    let new = s.live_generation().unwrap();
+    s.on(Event::Spawned { generation: new, proc: proc(2) }, t0 + ms(1000));
+    s.on(Event::Ready { generation: new }, t0 + ms(2000));
+    s.lease(t0 + ms(2000));
+    // The old lease ends now: the new engine is still busy.
+    assert_eq!(s.release(t0 + ms(3000), old), vec![Effect::Wake]);
+    assert_eq!(s.in_flight, 1);
+    assert_eq!(s.keep_alive_due(ms(1)), None);
+    s.release(t0 + ms(4000), new);
+    assert_eq!(s.in_flight, 0);
 }
 
 #[test]

@@ -146,7 +146,9 @@ impl Outline {
     /// (`max_tokens`, `max_completion_tokens`, `n`, `stop`), Anthropic Messages
     /// (`max_tokens`, `stop_sequences`), OpenAI Responses (`max_output_tokens`).
     pub fn check(&self, shape: ApiShape) -> Result<(), ApiError> {
-        let int = |v: &Option<Value>| v.as_ref().and_then(Value::as_i64);
+        // An integer past i64 (`2^63`) is over every bound: saturate, so it is refused
+        // here like any other too-large value.
+        let int = |v: &Option<Value>| v.as_ref().and_then(|v| v.as_i64().or(v.as_u64().map(|_| i64::MAX)));
         let (tokens, stop) = match shape {
             ApiShape::OpenAi => {
                 if let Some(n) = int(&self.n) {
@@ -209,6 +211,9 @@ mod tests {
             Some("max_completion_tokens")
         );
         assert_eq!(refused(json!({"n": 2}), ApiShape::OpenAi).as_deref(), Some("n"));
+        assert_eq!(refused(json!({"max_tokens": 1u64 << 63}), ApiShape::OpenAi).as_deref(), Some("max_tokens"));
+        assert_eq!(refused(json!({"max_tokens": u64::MAX}), ApiShape::Anthropic).as_deref(), Some("max_tokens"));
+        assert_eq!(refused(json!({"n": 1u64 << 63}), ApiShape::OpenAi).as_deref(), Some("n"));
         assert_eq!(refused(json!({"stop": vec!["a"; 17]}), ApiShape::OpenAi).as_deref(), Some("stop"));
         assert_eq!(refused(json!({"stop": "x".repeat(300)}), ApiShape::OpenAi).as_deref(), Some("stop"));
         assert_eq!(refused(json!({"max_tokens": 0}), ApiShape::Anthropic).as_deref(), Some("max_tokens"));

@@ -92,6 +92,7 @@ pub mod engine;
 pub mod fake_hub;
 pub mod gateway;
 pub mod http;
+pub mod procfs;
 
 /// Collects a spawned child's stderr lines in the background and hands over the first
 /// line it prints on stdout (the rest of stdout is drained).

@@ -18,10 +18,19 @@
 //! - `die_on_request`: exit (code 1) as soon as a generation request arrives
 //! - `ignore_sigterm`: keep running on SIGTERM
 //! - `drain_ms`: take this long to answer `/admin/drain`
+//! - `stderr_flood_mb`: once ready, print this many MB on stderr as fast as it can (one
+//!   1 MB line without a newline first, then short lines)
+//! - `fork_grandchild`: once ready, start a `sleep` in its own process group (a helper
+//!   that must not outlive the engine)
+//!
+//! Like `corral engine`, `/admin/drain?timeout_ms=T` stops admitting (new generation
+//! requests get 503 `engine_draining`), waits up to T for the requests in flight, cuts
+//! those still running (a stream gets a terminal `engine_draining` event and ends; a
+//! whole answer is a 503) and then answers.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use corral_protocol::engine_wire::{EngineEvent, EngineStats, Ready};
@@ -29,6 +38,11 @@ use corral_protocol::launch::{find_arg, flag};
 use serde_json::{Value, json};
 
 static REQUESTS: AtomicU64 = AtomicU64::new(0);
+static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+static DRAINING: AtomicBool = AtomicBool::new(false);
+static CUT: AtomicBool = AtomicBool::new(false);
+
+const DRAINING_ERROR: &str = r#"{"error":{"message":"the request was cut short: the engine is stopping","type":"server_error","param":null,"code":"engine_draining"}}"#;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -71,6 +85,19 @@ fn main() {
         Ready { pid: std::process::id(), socket: socket.clone(), model: id.clone(), load_ms: 1, device: "cpu".into() };
     println!("{}", EngineEvent::Ready(ready).to_line());
     std::io::stdout().flush().unwrap();
+    if let Some(mb) = cfg["stderr_flood_mb"].as_u64() {
+        std::thread::spawn(move || flood_stderr(mb));
+    }
+    if cfg["fork_grandchild"].as_bool().unwrap_or(false) {
+        // Same process group as the engine; no inherited pipes (it must not hold the
+        // gateway's stderr reader open).
+        let _ = std::process::Command::new("sleep")
+            .arg("1000")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+    }
     if let Some(ms) = cfg["exit_after_ready_ms"].as_u64() {
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(ms));
@@ -129,11 +156,19 @@ fn serve(mut stream: UnixStream, cfg: &Value, id: &str) {
         }
         ("POST", "/admin/drain") => {
             std::thread::sleep(Duration::from_millis(cfg["drain_ms"].as_u64().unwrap_or(0)));
-            respond(&mut stream, "200 OK", "application/json", r#"{"drained":true,"demotions":0,"cancelled":0}"#)
+            let timeout = path.split("timeout_ms=").nth(1).and_then(|v| v.parse().ok()).unwrap_or(10_000);
+            let cancelled = drain(Duration::from_millis(timeout));
+            let body = json!({"drained": true, "demotions": 0, "cancelled": cancelled}).to_string();
+            respond(&mut stream, "200 OK", "application/json", &body)
+        }
+        ("POST", "/v1/chat/completions" | "/v1/completions") if DRAINING.load(Ordering::SeqCst) => {
+            respond(&mut stream, "503 Service Unavailable", "application/json", DRAINING_ERROR)
         }
         ("POST", "/v1/chat/completions" | "/v1/completions") => {
             REQUESTS.fetch_add(1, Ordering::Relaxed);
+            IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
             generate(&mut stream, cfg, id, &req);
+            IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
         }
         _ => respond(
             &mut stream,
@@ -142,6 +177,36 @@ fn serve(mut stream: UnixStream, cfg: &Value, id: &str) {
             r#"{"error":{"message":"no route","type":"invalid_request_error","param":null,"code":"not_found"}}"#,
         ),
     }
+}
+
+/// Stop admitting, wait up to `timeout` for the requests in flight, cut the rest;
+/// returns how many were cut.
+fn drain(timeout: Duration) -> u64 {
+    DRAINING.store(true, Ordering::SeqCst);
+    let end = std::time::Instant::now() + timeout;
+    while IN_FLIGHT.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cut = IN_FLIGHT.load(Ordering::SeqCst);
+    CUT.store(true, Ordering::SeqCst);
+    let end = std::time::Instant::now() + Duration::from_secs(2);
+    while IN_FLIGHT.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cut
+}
+
+fn flood_stderr(mb: u64) {
+    let mut err = std::io::BufWriter::new(std::io::stderr().lock());
+    let _ = err.write_all(&vec![b'#'; 1 << 20]);
+    let line = format!("{}\n", "flood ".repeat(16));
+    let lines = (mb.saturating_sub(1) << 20) / line.len() as u64;
+    for _ in 0..lines {
+        if err.write_all(line.as_bytes()).is_err() {
+            return;
+        }
+    }
+    let _ = err.flush();
 }
 
 fn generate(s: &mut UnixStream, cfg: &Value, id: &str, req: &Value) {
@@ -173,6 +238,11 @@ fn generate(s: &mut UnixStream, cfg: &Value, id: &str, req: &Value) {
             if hang_after == Some(i) {
                 std::thread::sleep(Duration::from_secs(3600));
             }
+            if CUT.load(Ordering::SeqCst) {
+                send(DRAINING_ERROR.to_owned());
+                let _ = write!(s, "0\r\n\r\n");
+                return;
+            }
             if !send(chunk(i).to_string()) {
                 return;
             }
@@ -186,6 +256,9 @@ fn generate(s: &mut UnixStream, cfg: &Value, id: &str, req: &Value) {
         for i in 0..n {
             if crash_after == Some(i) {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+            }
+            if CUT.load(Ordering::SeqCst) {
+                return respond(s, "503 Service Unavailable", "application/json", DRAINING_ERROR);
             }
             text.push_str(&format!("tok{i} "));
             std::thread::sleep(pace);
