@@ -73,7 +73,9 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
         // Not JSON, or not an object: no engine would take it, so none is started for it.
         // With several models the body must name one. With one model, an object of
         // another shape (`"model": 5`) goes to its engine, whose full parse names the field.
-        Err(e) if !json_object(&body) || app.pool.default_model().is_none() => return respond::error(shape, &e),
+        Err(e) if e.kind == ErrorKind::InvalidJson || !json_object(&body) || app.pool.default_model().is_none() => {
+            return respond::error(shape, &e);
+        }
         Err(_) => (None, false),
     };
     // Responses: the stored conversation goes in, the answer is captured on its way out.

@@ -8,8 +8,11 @@
 //! wrong type is left for the engine's full parse to name, so both servers refuse the
 //! same requests with the same messages.
 
-use serde::Deserialize;
-use serde_json::{Map, Value};
+use std::fmt;
+
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use crate::error::{ApiError, ApiShape, ErrorKind};
 
@@ -56,8 +59,7 @@ pub fn stops(param: &str, stops: &[String]) -> Result<(), ApiError> {
 /// skipped unread. Read from a JSON object only, and loosely: a key given twice counts
 /// once (the last), as for any field the engine does not know; a body the engine
 /// refuses for the repeat is the engine's to name.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(try_from = "Map<String, Value>")]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outline {
     pub model: Option<String>,
     pub stream: Option<Value>,
@@ -95,26 +97,50 @@ fn refusal(body: &[u8], e: &serde_json::Error) -> ApiError {
     }
 }
 
-impl TryFrom<Map<String, Value>> for Outline {
-    type Error = String;
+impl<'de> Deserialize<'de> for Outline {
+    /// Entry by entry: the fields above as values (`null` as absent), every other one
+    /// skipped unread — without recursion, however deep it nests.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = Outline;
 
-    fn try_from(mut m: Map<String, Value>) -> Result<Self, String> {
-        let model = match m.remove("model") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
-            Some(other) => return Err(format!("model must be a string (got {other})")),
-        };
-        let mut field = |k: &str| m.remove(k).filter(|v| !v.is_null());
-        Ok(Outline {
-            model,
-            stream: field("stream"),
-            max_tokens: field("max_tokens"),
-            max_completion_tokens: field("max_completion_tokens"),
-            max_output_tokens: field("max_output_tokens"),
-            n: field("n"),
-            stop: field("stop"),
-            stop_sequences: field("stop_sequences"),
-        })
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Outline, A::Error> {
+                let mut o = Outline::default();
+                while let Some(key) = m.next_key::<String>()? {
+                    let slot = match key.as_str() {
+                        "model" => {
+                            o.model = match m.next_value::<Value>()? {
+                                Value::Null => None,
+                                Value::String(s) => Some(s),
+                                other => {
+                                    return Err(de::Error::custom(format!("model must be a string (got {other})")));
+                                }
+                            };
+                            continue;
+                        }
+                        "stream" => &mut o.stream,
+                        "max_tokens" => &mut o.max_tokens,
+                        "max_completion_tokens" => &mut o.max_completion_tokens,
+                        "max_output_tokens" => &mut o.max_output_tokens,
+                        "n" => &mut o.n,
+                        "stop" => &mut o.stop,
+                        "stop_sequences" => &mut o.stop_sequences,
+                        _ => {
+                            m.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = Some(m.next_value::<Value>()?).filter(|v| !v.is_null());
+                }
+                Ok(o)
+            }
+        }
+        d.deserialize_map(Entries)
     }
 }
 
