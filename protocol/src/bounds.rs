@@ -8,8 +8,10 @@
 //! wrong type is left for the engine's full parse to name, so both servers refuse the
 //! same requests with the same messages.
 
-use serde::Deserialize;
-use serde_json::{Map, Value};
+use std::fmt;
+
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
 
 use crate::error::{ApiError, ApiShape};
 
@@ -52,12 +54,12 @@ pub fn stops(param: &str, stops: &[String]) -> Result<(), ApiError> {
 }
 
 /// The few fields of a generation request read before any work is committed to it:
-/// where it goes (`model`, `stream`) and what bounds its work. Every other field is
-/// skipped unread. Read from a JSON object only, and loosely: a key given twice counts
-/// once (the last), as for any field the engine does not know; a body the engine
-/// refuses for the repeat is the engine's to name.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(try_from = "Map<String, Value>")]
+/// where it goes (`model`, `stream`) and what bounds its work. Read from a JSON object
+/// the way the engine reads its request: every other field is skipped unread (not even
+/// checked to be UTF-8 or shallow); unlike a derived reader, a key given twice counts
+/// once (the last), since a repeat of a field this API does not use is no error to the
+/// engine, and one it does use is the engine's to refuse.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outline {
     pub model: Option<String>,
     pub stream: Option<Value>,
@@ -69,26 +71,44 @@ pub struct Outline {
     stop_sequences: Option<Value>,
 }
 
-impl TryFrom<Map<String, Value>> for Outline {
-    type Error = String;
+impl<'de> Deserialize<'de> for Outline {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(OutlineVisitor)
+    }
+}
 
-    fn try_from(mut m: Map<String, Value>) -> Result<Self, String> {
-        let model = match m.remove("model") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
-            Some(other) => return Err(format!("model must be a string (got {other})")),
-        };
-        let mut field = |k: &str| m.remove(k).filter(|v| !v.is_null());
-        Ok(Outline {
-            model,
-            stream: field("stream"),
-            max_tokens: field("max_tokens"),
-            max_completion_tokens: field("max_completion_tokens"),
-            max_output_tokens: field("max_output_tokens"),
-            n: field("n"),
-            stop: field("stop"),
-            stop_sequences: field("stop_sequences"),
-        })
+struct OutlineVisitor;
+
+impl<'de> Visitor<'de> for OutlineVisitor {
+    type Value = Outline;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Outline, A::Error> {
+        let mut o = Outline::default();
+        while let Some(key) = map.next_key::<String>()? {
+            let slot = match key.as_str() {
+                "model" => {
+                    o.model = map.next_value()?;
+                    continue;
+                }
+                "stream" => &mut o.stream,
+                "max_tokens" => &mut o.max_tokens,
+                "max_completion_tokens" => &mut o.max_completion_tokens,
+                "max_output_tokens" => &mut o.max_output_tokens,
+                "n" => &mut o.n,
+                "stop" => &mut o.stop,
+                "stop_sequences" => &mut o.stop_sequences,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = map.next_value()?;
+        }
+        Ok(o)
     }
 }
 
@@ -218,5 +238,12 @@ mod tests {
         assert!(serde_json::from_slice::<Outline>(br#"{"model": 5}"#).is_err());
         let o: Outline = serde_json::from_slice(br#"{"model": null, "stream": null}"#).unwrap();
         assert_eq!((o.model.as_deref(), o.streams()), (None, false));
+        // Found by the fuzz targets after the first fix, which read the whole object as a
+        // map: the engine skips other fields unread, bytes that are not UTF-8 and nesting
+        // past serde_json's recursion limit included, so the gateway must too.
+        let mut odd = b"{\"max_tokens\": 8, \"other\": {\"k\xff\": \"v\xfe\"}, \"deep\": ".to_vec();
+        odd.extend([b'['; 200].iter().chain(&[b']'; 200]).chain(b"}"));
+        let o: Outline = serde_json::from_slice(&odd).unwrap();
+        assert!(o.check(ApiShape::Anthropic).is_ok());
     }
 }
