@@ -81,12 +81,12 @@ mod tests {
 
     use super::*;
 
-    fn engine(api: Api, body: &str) -> Result<Option<String>, ApiError> {
-        check(api, body.as_bytes(), &Model { tool_format: ToolFormat::fallback(), template: None })
+    fn engine(api: Api, body: impl AsRef<[u8]>) -> Result<Option<String>, ApiError> {
+        check(api, body.as_ref(), &Model { tool_format: ToolFormat::fallback(), template: None })
     }
 
-    fn gateway(shape: ApiShape, body: &str) -> Result<(), String> {
-        let o: Outline = serde_json::from_str(body).map_err(|e| e.to_string())?;
+    fn gateway(shape: ApiShape, body: impl AsRef<[u8]>) -> Result<(), String> {
+        let o: Outline = serde_json::from_slice(body.as_ref()).map_err(|e| e.to_string())?;
         o.check(shape).map_err(|e| e.message)
     }
 
@@ -103,6 +103,10 @@ mod tests {
         let body = r#"{"prompt": "x", "max_output_tokens": 1, "max_output_tokens": 2}"#;
         assert!(engine(Api::Completion, body).is_ok() && gateway(ApiShape::OpenAi, body).is_ok());
         let body = format!(r#"{{"max_tokens": 1, {hi}, "n": 1, "n": 2}}"#);
+        assert!(engine(Api::Messages, &body).is_ok() && gateway(ApiShape::Anthropic, &body).is_ok());
+        // Fields the engine skips unread: not UTF-8, nested past serde_json's limit.
+        let mut body = format!(r#"{{"max_tokens": 1, {hi}, "x": ["#).into_bytes();
+        body.extend(b"\"\xff\"], \"deep\": ".iter().chain(&[b'['; 200]).chain(&[b']'; 200]).chain(b"}"));
         assert!(engine(Api::Messages, &body).is_ok() && gateway(ApiShape::Anthropic, &body).is_ok());
         // Out-of-bounds fields are named as the gateway names them.
         let stops = serde_json::to_string(&vec!["x"; 17]).unwrap();
