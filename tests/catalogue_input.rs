@@ -7,25 +7,19 @@
 
 mod common;
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::gateway::*;
-use common::http::{self, BodyReader, Response, read_head};
+use common::http::{self, Response};
 use common::procfs;
 use common::*;
 use serde_json::{Value, json};
 
 /// `head` (request line and headers, CRLF each; the blank line is added), then `body`.
 fn raw(addr: &str, head: &str, body: &[u8]) -> Response {
-    let mut s = http::tcp(addr);
-    s.write_all(format!("{head}\r\n").as_bytes()).unwrap();
-    let _ = s.write_all(body);
-    let mut r = BufReader::new(s);
-    let (status, headers) = read_head(&mut r);
-    let body = BodyReader::new(r, &headers).read_all();
-    Response { status, headers, body }
+    http::raw(addr, &format!("{head}\r\n"), body)
 }
 
 fn code(r: &Response) -> String {

@@ -5,20 +5,14 @@
 
 mod common;
 
-use std::io::{BufReader, Write};
-
 use common::gateway::*;
-use common::http::{self, BodyReader, Response, read_head};
+use common::http::{self, Response};
 use serde_json::json;
 
 /// One raw request (`head` is the request line and headers, each ending in CRLF).
 fn raw(gw: &Gateway, head: &str, body: &str) -> Response {
-    let mut s = http::tcp(&gw.addr);
-    write!(s, "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut r = BufReader::new(s);
-    let (status, headers) = read_head(&mut r);
-    let body = BodyReader::new(r, &headers).read_all();
-    Response { status, headers, body }
+    let head = format!("{head}Content-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    http::raw(&gw.addr, &head, body.as_bytes())
 }
 
 #[test]

@@ -7,25 +7,18 @@
 
 mod common;
 
-use std::io::{BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::gateway::*;
-use common::http::{self, BodyReader, Response, read_head};
+use common::http::{self, Response};
 use serde_json::{Value, json};
 
 /// Send `head` (request line and headers, each ending in CRLF; the blank line is added)
 /// and `body` on a fresh connection, and read the answer.
 fn raw(gw: &Gateway, head: &str, body: &[u8]) -> Response {
-    let mut s = http::tcp(&gw.addr);
-    s.write_all(format!("{head}Host: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    // The gateway may answer and close before reading all of it.
-    let _ = s.write_all(body);
-    let mut r = BufReader::new(s);
-    let (status, headers) = read_head(&mut r);
-    let body = BodyReader::new(r, &headers).read_all();
-    Response { status, headers, body }
+    http::raw(&gw.addr, &format!("{head}Host: localhost\r\nConnection: close\r\n\r\n"), body)
 }
 
 fn chat(extra: Value) -> Value {

@@ -156,6 +156,19 @@ impl BodyReader {
     }
 }
 
+/// Send `head` (request line, headers and the blank line, exactly as given) and `body`
+/// on a fresh TCP connection to `addr`, and read the answer: for requests a well-behaved
+/// client would not send. The server may answer and close before reading all of `body`.
+pub fn raw(addr: &str, head: &str, body: &[u8]) -> Response {
+    let mut s = tcp(addr);
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut r = BufReader::new(s);
+    let (status, headers) = read_head(&mut r);
+    let body = BodyReader::new(r, &headers).read_all();
+    Response { status, headers, body }
+}
+
 pub fn request(
     mut stream: Box<dyn Stream>,
     method: &str,
