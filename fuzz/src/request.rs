@@ -51,9 +51,9 @@ pub fn run(api: Api, shape: ApiShape, data: &[u8]) {
     if fuzzing::check(api, body, &model).is_err() {
         return;
     }
-    let outline: Outline = match serde_json::from_slice(body) {
+    let outline = match Outline::read(body, shape) {
         Ok(o) => o,
-        Err(e) => panic!("the engine accepts a body the gateway cannot read: {e}"),
+        Err(e) => panic!("the engine accepts a body the gateway cannot read: {}", e.message),
     };
     if let Err(e) = outline.check(shape) {
         panic!("the gateway refuses a body the engine accepts: {}", e.message);

@@ -58,7 +58,7 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
     };
     // Only `model`, `stream` and the bounded fields are read; anything else about the
     // body is the engine's to judge.
-    let (model, sse_wanted) = match Outline::read(&body) {
+    let (model, sse_wanted) = match Outline::read(&body, shape) {
         Ok(o) => {
             // Bounds are checked before any engine is chosen or started. count_tokens
             // generates nothing: its engine ignores `max_tokens`.

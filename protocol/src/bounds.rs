@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -55,10 +55,11 @@ pub fn stops(param: &str, stops: &[String]) -> Result<(), ApiError> {
 }
 
 /// The few fields of a generation request read before any work is committed to it:
-/// where it goes (`model`, `stream`) and what bounds its work. Every other field is
-/// skipped unread. Read from a JSON object only, and loosely: a key given twice counts
-/// once (the last), as for any field the engine does not know; a body the engine
-/// refuses for the repeat is the engine's to name.
+/// where it goes (`model`, `stream`) and what bounds its work in the request's own API
+/// (`bounded_fields`). Every other field — another API's too, which the engine does not
+/// read either — is skipped unread. Read from a JSON object only, and loosely: a key
+/// given twice counts once (the last), as for any field the engine does not know; a
+/// body the engine refuses for the repeat is the engine's to name.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outline {
     pub model: Option<String>,
@@ -97,11 +98,28 @@ fn refusal(body: &[u8], e: &serde_json::Error) -> ApiError {
     }
 }
 
-impl<'de> Deserialize<'de> for Outline {
-    /// Entry by entry: the fields above as values (`null` as absent), every other one
-    /// skipped unread — without recursion, however deep it nests.
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Entries;
+/// The fields that bound a request's work in `shape`'s API: OpenAI chat and completions
+/// (`max_tokens`, `max_completion_tokens`, `n`, `stop`), Anthropic Messages
+/// (`max_tokens`, `stop_sequences`), OpenAI Responses (`max_output_tokens`).
+fn bounded_fields(shape: ApiShape) -> &'static [&'static str] {
+    match shape {
+        ApiShape::OpenAi => &["max_tokens", "max_completion_tokens", "n", "stop"],
+        ApiShape::Anthropic => &["max_tokens", "stop_sequences"],
+        ApiShape::Responses => &["max_output_tokens"],
+    }
+}
+
+/// Reads an `Outline` for one API shape.
+struct Reader(ApiShape);
+
+impl<'de> DeserializeSeed<'de> for Reader {
+    type Value = Outline;
+
+    /// Entry by entry: `model`, `stream` and the shape's bounded fields as values
+    /// (`null` as absent), every other one skipped unread — without recursion, however
+    /// deep it nests, and without looking inside its strings.
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Outline, D::Error> {
+        struct Entries(ApiShape);
         impl<'de> Visitor<'de> for Entries {
             type Value = Outline;
 
@@ -124,6 +142,10 @@ impl<'de> Deserialize<'de> for Outline {
                             continue;
                         }
                         "stream" => &mut o.stream,
+                        k if !bounded_fields(self.0).contains(&k) => {
+                            m.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
                         "max_tokens" => &mut o.max_tokens,
                         "max_completion_tokens" => &mut o.max_completion_tokens,
                         "max_output_tokens" => &mut o.max_output_tokens,
@@ -140,7 +162,7 @@ impl<'de> Deserialize<'de> for Outline {
                 Ok(o)
             }
         }
-        d.deserialize_map(Entries)
+        d.deserialize_map(Entries(self.0))
     }
 }
 
@@ -155,12 +177,14 @@ fn stop_strings(v: &Value) -> Option<Vec<String>> {
 }
 
 impl Outline {
-    /// Read from a request body. A body that is not JSON is `invalid_json`; JSON that is
-    /// not an object, or a `model` that is not a string, is `invalid_value` — what the
-    /// engine's typed parse answers for the same body.
-    pub fn read(body: &[u8]) -> Result<Outline, ApiError> {
+    /// Read from a request body of `shape`'s API. A body that is not JSON is
+    /// `invalid_json`; JSON that is not an object, or a `model` that is not a string, is
+    /// `invalid_value` — what the engine's typed parse answers for the same body.
+    pub fn read(body: &[u8], shape: ApiShape) -> Result<Outline, ApiError> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let read = Reader(shape).deserialize(&mut de).and_then(|o| de.end().map(|()| o));
         // Only a refusal looks at the body again, to name what is wrong as the engine would.
-        serde_json::from_slice(body).map_err(|e| refusal(body, &e))
+        read.map_err(|e| refusal(body, &e))
     }
 
     /// Whether the stream flag is `true` (any other value is the engine's to judge).
@@ -206,12 +230,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn outline(v: Value) -> Outline {
-        serde_json::from_value(v).unwrap()
+    fn outline(v: Value, shape: ApiShape) -> Outline {
+        Outline::read(&serde_json::to_vec(&v).unwrap(), shape).unwrap()
     }
 
     fn refused(v: Value, shape: ApiShape) -> Option<String> {
-        outline(v).check(shape).err().map(|e| e.param.unwrap_or_default())
+        outline(v, shape).check(shape).err().map(|e| e.param.unwrap_or_default())
     }
 
     #[test]
@@ -259,17 +283,17 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_an_object_or_names_no_string_model_is_invalid_not_unparsable() {
-        let code = |b: &str| Outline::read(b.as_bytes()).map(|_| ()).map_err(|e| (e.kind, e.param));
+        let code = |b: &str| Outline::read(b.as_bytes(), ApiShape::OpenAi).map(|_| ()).map_err(|e| (e.kind, e.param));
         assert_eq!(code(r#"{"model": "m", "x": [1, {"y": 2}]}"#), Ok(()));
         assert_eq!(code(r#"{"model": "m""#), Err((ErrorKind::InvalidJson, None)));
         assert_eq!(code("not json"), Err((ErrorKind::InvalidJson, None)));
         // Valid JSON of the wrong shape: the engine's typed parse calls these invalid values.
         for b in ["[]", r#"["m", true]"#, "null", "7", r#""m""#] {
-            let e = Outline::read(b.as_bytes()).unwrap_err();
+            let e = Outline::read(b.as_bytes(), ApiShape::Anthropic).unwrap_err();
             assert_eq!((e.kind, e.param.as_deref()), (ErrorKind::InvalidRequest, None), "{b}");
             assert!(e.message.starts_with("the request body must be a JSON object"), "{b}: {}", e.message);
         }
-        let e = Outline::read(br#"{"model": 5, "messages": []}"#).unwrap_err();
+        let e = Outline::read(br#"{"model": 5, "messages": []}"#, ApiShape::Responses).unwrap_err();
         assert_eq!((e.kind, e.param.as_deref()), (ErrorKind::InvalidRequest, Some("model")));
         assert_eq!(e.message, "model: invalid type: integer `5`, expected a string");
     }
@@ -277,14 +301,14 @@ mod tests {
     #[test]
     fn within_bounds_or_of_another_type_passes_to_the_engine() {
         let ok = json!({"model": "m", "stream": true, "max_tokens": 256, "n": 1, "stop": ["\n", "END"]});
-        let o = outline(ok);
+        let o = outline(ok, ApiShape::OpenAi);
         assert!(o.check(ApiShape::OpenAi).is_ok());
         assert_eq!((o.model.as_deref(), o.streams()), (Some("m"), true));
         // Wrong types are the engine's to name (its parse is typed); a bound is not.
         for v in [json!({"max_tokens": "many"}), json!({"n": 2.5}), json!({"stop": 7}), json!({"stop": [1, 2]})] {
-            assert!(outline(v.clone()).check(ApiShape::OpenAi).is_ok(), "{v}");
+            assert!(outline(v.clone(), ApiShape::OpenAi).check(ApiShape::OpenAi).is_ok(), "{v}");
         }
-        assert!(!outline(json!({"stream": "yes"})).streams());
+        assert!(!outline(json!({"stream": "yes"}), ApiShape::OpenAi).streams());
     }
 
     /// Found by the request fuzz targets: a key given twice (here one the engine does not
@@ -294,11 +318,20 @@ mod tests {
     fn a_repeated_key_counts_once_and_only_objects_are_read() {
         let body =
             br#"{"prompt": "x", "max_output_tokens": 1, "max_output_tokens": 2, "max_tokens": 0, "max_tokens": 5}"#;
-        let o: Outline = serde_json::from_slice(body).unwrap();
-        assert!(o.check(ApiShape::OpenAi).is_ok(), "the last max_tokens counts");
-        assert!(serde_json::from_slice::<Outline>(br#"["m", true, 0]"#).is_err());
-        assert!(serde_json::from_slice::<Outline>(br#"{"model": 5}"#).is_err());
-        let o: Outline = serde_json::from_slice(br#"{"model": null, "stream": null}"#).unwrap();
+        let read = |b: &[u8]| Outline::read(b, ApiShape::OpenAi);
+        assert!(read(body).unwrap().check(ApiShape::OpenAi).is_ok(), "the last max_tokens counts");
+        assert!(read(br#"["m", true, 0]"#).is_err() && read(br#"{"model": 5}"#).is_err());
+        let o = read(br#"{"model": null, "stream": null}"#).unwrap();
         assert_eq!((o.model.as_deref(), o.streams()), (None, false));
+        assert_eq!(read(br#"{"model": "m"} x"#).unwrap_err().kind, ErrorKind::InvalidJson);
+    }
+
+    /// Found by the Messages fuzz target: a field of another API holding a string that is
+    /// not UTF-8 — the engine skips it unread, so the gateway must too.
+    #[test]
+    fn another_apis_fields_are_skipped_unread() {
+        let body = b"{\"max_tokens\": 8, \"max_completion_tokens\": {\"a\xa3\": 1}, \"stop\": [\"\xff\"]}";
+        assert!(Outline::read(body, ApiShape::Anthropic).unwrap().check(ApiShape::Anthropic).is_ok());
+        assert!(Outline::read(body, ApiShape::OpenAi).is_err(), "OpenAI's own fields are read");
     }
 }

@@ -86,7 +86,7 @@ mod tests {
     }
 
     fn gateway(shape: ApiShape, body: impl AsRef<[u8]>) -> Result<(), String> {
-        let o: Outline = serde_json::from_slice(body.as_ref()).map_err(|e| e.to_string())?;
+        let o = Outline::read(body.as_ref(), shape).map_err(|e| e.message)?;
         o.check(shape).map_err(|e| e.message)
     }
 
@@ -107,6 +107,10 @@ mod tests {
         // Fields the engine skips unread: not UTF-8, nested past serde_json's limit.
         let mut body = format!(r#"{{"max_tokens": 1, {hi}, "x": ["#).into_bytes();
         body.extend(b"\"\xff\"], \"deep\": ".iter().chain(&[b'['; 200]).chain(&[b']'; 200]).chain(b"}"));
+        assert!(engine(Api::Messages, &body).is_ok() && gateway(ApiShape::Anthropic, &body).is_ok());
+        // Another API's bounded field holding a string that is not UTF-8.
+        let mut body = format!(r#"{{"max_tokens": 1, {hi}, "max_completion_tokens": {{"a"#).into_bytes();
+        body.extend(b"\xa3\": 1}, \"stop\": [\"\xff\"]}");
         assert!(engine(Api::Messages, &body).is_ok() && gateway(ApiShape::Anthropic, &body).is_ok());
         // Out-of-bounds fields are named as the gateway names them.
         let stops = serde_json::to_string(&vec!["x"; 17]).unwrap();
