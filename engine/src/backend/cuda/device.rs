@@ -127,7 +127,7 @@ impl Gpu {
                     .map_err(|e| Error::Cuda { op: "cuBLAS", reason: e.to_string() })?,
             )
         } else {
-            tracing::debug!("libcublas.so.13 not found (used only with CORRAL_CUDA_MMQ=0 or before sm_80)");
+            tracing::info!("libcublas.so.13 not found: prefill takes the MMQ kernel instead of f16 cuBLAS");
             None
         };
         tracing::info!(ordinal, device = %name, %arch, ms = t.elapsed().as_millis() as u64, "CUDA device ready");

@@ -42,6 +42,15 @@ fn room<'a, T: DeviceRepr>(
     slot.as_mut().ok_or_else(|| Error::Cuda { op: "alloc pinned", reason: "no buffer".into() })
 }
 
+/// Threads for copying `bytes` of K/V into the host cache: one up to 4 MiB (a decode
+/// step's few KB), else up to 8 (the first touch of freshly reserved blocks is the cost).
+fn copy_threads(bytes: usize) -> usize {
+    if bytes <= 4 << 20 {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 impl Gpu {
     /// After a pass has been queued: download the logits (when given) and the new K/V,
     /// write the K/V into the host caches, and commit every row's new positions.
@@ -52,6 +61,7 @@ impl Gpu {
         kv: &KvPlan,
         logits: Option<&CudaSlice<f32>>,
     ) -> Result<Vec<f32>> {
+        let queued = std::time::Instant::now();
         let mut pin = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
         let Pinned { logits: pl, kv: pk } = &mut *pin;
         let nl = logits.map_or(0, |y| y.len());
@@ -66,6 +76,7 @@ impl Gpu {
             .memcpy_dtoh(&kv.stage, &mut buf.as_mut_slice().map_err(drv("pinned"))?[..ns])
             .map_err(drv("download KV"))?;
         self.synchronize()?;
+        let landed = std::time::Instant::now();
         let out = match pl {
             Some(p) if nl > 0 => p.as_slice().map_err(drv("read logits"))?[..nl].to_vec(),
             _ => Vec::new(),
@@ -73,11 +84,15 @@ impl Gpu {
         let stage = &buf.as_slice().map_err(drv("read KV"))?[..ns];
         let (total, d) = (kv.total, kv.kv_dim);
         for (r, &(at, n, pos0)) in rows.iter_mut().zip(spans.each()) {
-            for layer in 0..r.cache.shape().n_layers {
-                let plane = |which: usize| &stage[((layer * 2 + which) * total + at) * d..][..n * d];
-                r.cache.write_f16(layer, pos0, plane(0), plane(1));
-            }
+            let plane = |layer: usize, which: usize| &stage[((layer * 2 + which) * total + at) * d..][..n * d];
+            r.cache.write_f16_layers(pos0, n, plane, copy_threads(n * d * 2 * r.cache.shape().n_layers * 2));
         }
+        tracing::debug!(
+            wait_us = (landed - queued).as_micros() as u64,
+            host_write_us = landed.elapsed().as_micros() as u64,
+            kv_bytes = ns * 2,
+            "pass landed"
+        );
         spans.commit(rows);
         for r in rows.iter_mut() {
             let len = r.cache.len();

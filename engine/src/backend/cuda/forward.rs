@@ -3,8 +3,8 @@
 //! (`kv.rs`), and only the token ids go in and the requested logits come out.
 //!
 //! Decode rows take the int8 GEMV kernel (8 rows per launch), long prefill chunks the
-//! int8 tensor-core MMQ kernel (`mmq.rs`; or, with `CORRAL_CUDA_MMQ=0`, an f32 cuBLAS
-//! GEMM on the same int8 values, `gemm.rs`);
+//! int8 tensor-core MMQ kernel (`mmq.rs`) or cuBLAS on the same values widened
+//! (`gemm.rs`; `gemm::Prefill` says which);
 //! buffers are allocated per op (stream-ordered, no memsets), and the pass synchronizes
 //! once, at the end, to copy the new K/V and the logits back. Decode steps run as CUDA
 //! graphs (`graph.rs`): `begin` and `finish` take and return the step's fixed buffers
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 
 use super::device::{Gpu, drv};
-use super::gemm::gemm_min_rows;
+use super::gemm::{Prefill, Wide, gemm_min_rows};
 use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
@@ -49,6 +49,8 @@ pub struct CudaPass {
     kv: KvPlan,
     /// In a capture: where `finish` leaves the logits (the step's buffer).
     capture: Option<CudaSlice<f32>>,
+    /// When `begin` was called (the host's queueing time is logged at the end).
+    started: std::time::Instant,
 }
 
 impl CudaBackend {
@@ -119,28 +121,28 @@ impl CudaBackend {
         self.matmul_acts(runs, w, &acts)
     }
 
-    /// Whether the pass's GEMM runs go to cuBLAS (which wants the f32 input, so nothing
-    /// may be fused into the quantization).
+    /// Whether the pass's GEMM runs go to cuBLAS.
     fn cublas_runs(&self, runs: &[(Range<usize>, bool)]) -> bool {
-        runs.iter().any(|r| r.1) && !self.gpu.has_mmq()
+        runs.iter().any(|r| r.1) && self.gpu.prefill().cublas()
     }
 
     /// One quantized copy of the `m` input rows per activation format the matrices need,
-    /// made by `fill`; with cuBLAS GEMM runs, also expanded back to f32.
+    /// made by `fill`; with cuBLAS GEMM runs, also widened for it.
     fn acts_for(
         &self,
         runs: &[(Range<usize>, bool)],
         w: &[&DeviceWeights],
         m: usize,
         fill: impl Fn(&mut DeviceAct) -> Result<()>,
-    ) -> Result<Vec<(DeviceAct, Option<CudaSlice<f32>>)>> {
-        let mut acts: Vec<(DeviceAct, Option<CudaSlice<f32>>)> = Vec::new();
+    ) -> Result<Vec<(DeviceAct, Option<Wide>)>> {
+        let mut acts: Vec<(DeviceAct, Option<Wide>)> = Vec::new();
         for wi in w {
             let format = Self::act_format(wi)?;
             if !acts.iter().any(|a| a.0.format == format) {
                 let mut a = DeviceAct::alloc(&self.gpu, format, m, wi.k)?;
                 fill(&mut a)?;
-                let wide = if self.cublas_runs(runs) { Some(self.gpu.dequant_act(&a)?) } else { None };
+                let prefill = self.gpu.prefill();
+                let wide = if self.cublas_runs(runs) { Some(self.gpu.dequant_act_wide(&a, prefill)?) } else { None };
                 acts.push((a, wide));
             }
         }
@@ -149,12 +151,12 @@ impl CudaBackend {
 
     /// `x W^T` for each matrix from its quantized input (`acts_for`), run by run of rows:
     /// GEMV runs (matrices of one format share launches), and GEMM runs on MMQ or on
-    /// cuBLAS with the f32 copy.
+    /// cuBLAS with the widened copy.
     fn matmul_acts<const N: usize>(
         &self,
         runs: &[(Range<usize>, bool)],
         w: [&DeviceWeights; N],
-        acts: &[(DeviceAct, Option<CudaSlice<f32>>)],
+        acts: &[(DeviceAct, Option<Wide>)],
     ) -> Result<[CudaSlice<f32>; N]> {
         let act_for = |wi: &DeviceWeights| {
             acts.iter().find(|a| Some(a.0.format) == ActFormat::for_weights(wi.dtype)).unwrap_or(&acts[0])
@@ -171,7 +173,8 @@ impl CudaBackend {
                 }
             }
         }
-        let mmq = runs.iter().any(|r| r.1) && self.gpu.has_mmq();
+        let prefill = self.gpu.prefill();
+        let mmq = runs.iter().any(|r| r.1) && prefill == Prefill::Mmq;
         for (wi, y) in w.iter().zip(out.iter_mut()) {
             let (act, wide) = act_for(wi);
             if mmq {
@@ -179,7 +182,7 @@ impl CudaBackend {
                     self.gpu.mmq_rows(wi, act, y, rows.clone())?;
                 }
             } else if let Some(xw) = wide {
-                let ww = self.gpu.dequant_f32(wi)?;
+                let ww = self.gpu.dequant_wide(wi, prefill)?;
                 for (rows, _) in runs.iter().filter(|r| r.1) {
                     self.gpu.gemm_rows(&ww, (wi.n, wi.k), xw, rows.clone(), y)?;
                 }
@@ -228,6 +231,7 @@ impl Backend for CudaBackend {
     }
 
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CudaPass> {
+        let started = std::time::Instant::now();
         let spans = Spans::of(rows);
         let captured = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).take_capturing();
         let (ids, kv, capture) = match captured {
@@ -236,22 +240,26 @@ impl Backend for CudaBackend {
             None => {
                 let tokens: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
                 let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
-                let kv = self.gpu.plan_kv(&mut caches)?;
+                let kv = self.gpu.plan_kv(&mut caches, head_dim)?;
                 (self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?, kv, None)
             }
         };
         let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
+        let prefill = self.gpu.prefill();
         for &(at, n, _) in spans.each() {
-            let gemm = n >= gemm_min_rows() && (self.gpu.has_mmq() || self.gpu.has_gemm());
+            let gemm = n >= gemm_min_rows() && prefill != Prefill::Gemv;
+            // cuBLAS picks its algorithm by shape: one call per sequence's chunk, so a
+            // row's sums do not depend on the other sequences of the pass.
+            let joins = !gemm || prefill == Prefill::Mmq;
             match runs.last_mut() {
-                Some((r, g)) if *g == gemm && r.end == at => r.end = at + n,
+                Some((r, g)) if *g == gemm && joins && r.end == at => r.end = at + n,
                 _ => runs.push((at..at + n, gemm)),
             }
         }
         if capture.is_some() && runs.iter().any(|r| r.1) {
             return Err(Error::Cuda { op: "capture", reason: "a decode step took the GEMM".into() });
         }
-        Ok(CudaPass { spans, runs, ids, head_dim, bases: rope_bases.to_vec(), kv, capture })
+        Ok(CudaPass { spans, runs, ids, head_dim, bases: rope_bases.to_vec(), kv, capture, started })
     }
 
     fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {
@@ -381,6 +389,7 @@ impl Backend for CudaBackend {
             let [y] = self.matmul_runs(&[(0..picked.len(), false)], [lm_head], &h)?;
             Some(y)
         };
+        tracing::debug!(tokens = p.kv.total, queue_us = p.started.elapsed().as_micros() as u64, "pass queued");
         let logits = self.gpu.land(rows, &p.spans, &p.kv, y.as_ref())?;
         Ok(split(logits, &counts, vocab))
     }

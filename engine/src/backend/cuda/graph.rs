@@ -113,7 +113,7 @@ impl Gpu {
         let spans = Spans::of(rows);
         let ids: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
         let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, 1)).collect();
-        let plan = self.plan_host(&mut caches)?;
+        let plan = self.plan_host(&mut caches, None)?;
         drop(caches);
         let slot = lock().slots.remove(&n);
         let slot = match slot {

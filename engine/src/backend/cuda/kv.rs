@@ -4,6 +4,7 @@
 //! stacked token's row keeps its K/V; `kv_store` writes new K/V there and into a staging
 //! buffer that `finish` copies back to the host cache, and `attention` reads it.
 
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::f16;
 
@@ -17,6 +18,8 @@ use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
 const GROW: usize = 256;
 /// Largest head dimension the attention kernel takes (`ATT_MAX_DIM`).
 const MAX_HEAD_DIM: usize = 256;
+/// Keys a tile of `attention_tiled` holds in shared memory (`KT`).
+const TILE_KEYS: usize = 32;
 
 pub(crate) struct DeviceKv {
     buf: CudaSlice<f16>,
@@ -30,6 +33,10 @@ pub(crate) struct PlanHost {
     caps: Vec<i32>,
     tok_row: Vec<i32>,
     tok_pos: Vec<i32>,
+    /// Query tiles of rows with several new tokens: (first stacked token, count) pairs.
+    tiles: Vec<i32>,
+    /// The stacked tokens of rows with one new token (decode rows).
+    singles: Vec<i32>,
     n_layers: usize,
     kv_dim: usize,
 }
@@ -40,6 +47,11 @@ pub(crate) struct KvPlan {
     caps: CudaSlice<i32>,
     pub(crate) tok_row: CudaSlice<i32>,
     pub(crate) tok_pos: CudaSlice<i32>,
+    /// `PlanHost::tiles` and `singles` (each at least one value long).
+    tiles: CudaSlice<i32>,
+    singles: CudaSlice<i32>,
+    n_tiles: usize,
+    n_singles: usize,
     /// New K/V of every layer, `[layer][k|v][T][kv_dim]`, for the host cache.
     pub(crate) stage: CudaSlice<f16>,
     pub(crate) total: usize,
@@ -48,6 +60,29 @@ pub(crate) struct KvPlan {
 
 fn cuda(op: &'static str, reason: String) -> Error {
     Error::Cuda { op, reason }
+}
+
+/// Query tokens of one row a block of `attention_tiled` takes, by head dimension.
+fn tiled_queries(hd: usize) -> usize {
+    if hd <= 128 { 32 } else { 16 }
+}
+
+/// The `attention_tiled` kernel for a head dimension.
+fn tiled_kernel(hd: usize) -> &'static str {
+    if hd <= 64 {
+        "attention_tiled_64"
+    } else if hd <= 128 {
+        "attention_tiled_128"
+    } else {
+        "attention_tiled_256"
+    }
+}
+
+/// Shared memory of an `attention_tiled` block, f32 throughout: Q `[qt][hd]`, K
+/// `[32][hd + 4]`, V `[32][hd]`, probabilities `[qt][32]`.
+fn tiled_smem(hd: usize) -> usize {
+    let qt = tiled_queries(hd);
+    (qt * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + qt * TILE_KEYS) * 4
 }
 
 impl Gpu {
@@ -95,8 +130,10 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Sync every row's mirror and lay out the pass: `rows` are `(cache, new tokens)`.
-    pub(crate) fn plan_host(&self, rows: &mut [(&mut SeqCache, usize)]) -> Result<PlanHost> {
+    /// Sync every row's mirror and lay out the pass: `rows` are `(cache, new tokens)`;
+    /// `head_dim` sizes the query tiles of rows with several tokens (`None`: decode rows
+    /// only, one token each).
+    pub(crate) fn plan_host(&self, rows: &mut [(&mut SeqCache, usize)], head_dim: Option<usize>) -> Result<PlanHost> {
         let shape = rows.first().map(|r| r.0.shape()).ok_or_else(|| cuda("plan KV", "no rows".into()))?;
         let mut h = PlanHost { n_layers: shape.n_layers, kv_dim: shape.kv_dim, ..PlanHost::default() };
         for (i, (cache, n)) in rows.iter_mut().enumerate() {
@@ -104,17 +141,33 @@ impl Gpu {
             let (ptr, cap) = self.sync_mirror(cache, *n)?;
             h.bases.push(ptr);
             h.caps.push(i32::try_from(cap).map_err(|e| cuda("plan KV", e.to_string()))?);
+            let t0 = h.tok_row.len();
+            if *n == 1 {
+                h.singles.push(t0 as i32);
+            } else if *n > 1 {
+                let qt = head_dim
+                    .map(tiled_queries)
+                    .ok_or_else(|| cuda("plan KV", "a prefill row in a decode plan".into()))?;
+                for first in (0..*n).step_by(qt) {
+                    h.tiles.extend([(t0 + first) as i32, qt.min(*n - first) as i32]);
+                }
+            }
             for p in pos0..pos0 + *n {
                 h.tok_row.push(i as i32);
                 h.tok_pos.push(p as i32);
             }
         }
+        // The longest tiles (latest positions, most keys) start first.
+        let pairs: Vec<[i32; 2]> = h.tiles.chunks(2).map(|p| [p[0], p[1]]).collect();
+        let mut order: Vec<usize> = (0..pairs.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(h.tok_pos[pairs[i][0] as usize] + pairs[i][1]));
+        h.tiles = order.iter().flat_map(|&i| pairs[i]).collect();
         Ok(h)
     }
 
     /// `plan_host`, uploaded into new buffers.
-    pub(crate) fn plan_kv(&self, rows: &mut [(&mut SeqCache, usize)]) -> Result<KvPlan> {
-        let h = self.plan_host(rows)?;
+    pub(crate) fn plan_kv(&self, rows: &mut [(&mut SeqCache, usize)], head_dim: usize) -> Result<KvPlan> {
+        let h = self.plan_host(rows, Some(head_dim))?;
         self.upload_plan(&h)
     }
 
@@ -123,11 +176,16 @@ impl Gpu {
         let s = &self.stream;
         let up = || drv("upload KV plan");
         let total = h.tok_row.len();
+        let padded = |v: &[i32]| if v.is_empty() { vec![0] } else { v.to_vec() };
         Ok(KvPlan {
             bases: s.clone_htod(&h.bases).map_err(up())?,
             caps: s.clone_htod(&h.caps).map_err(up())?,
             tok_row: s.clone_htod(&h.tok_row).map_err(up())?,
             tok_pos: s.clone_htod(&h.tok_pos).map_err(up())?,
+            tiles: s.clone_htod(&padded(&h.tiles)).map_err(up())?,
+            singles: s.clone_htod(&padded(&h.singles)).map_err(up())?,
+            n_tiles: h.tiles.len() / 2,
+            n_singles: h.singles.len(),
             stage: s.alloc_zeros(h.n_layers * 2 * total * h.kv_dim).map_err(up())?,
             total,
             kv_dim: h.kv_dim,
@@ -136,7 +194,9 @@ impl Gpu {
 
     /// Write `h` into `plan`'s buffers (a plan of the same rows and tokens per row).
     pub(crate) fn refill_plan(&self, plan: &mut KvPlan, h: &PlanHost) -> Result<()> {
-        if h.tok_row.len() != plan.total || h.bases.len() != plan.bases.len() || h.kv_dim != plan.kv_dim {
+        let same_tiles = h.tiles.len() / 2 == plan.n_tiles && h.singles.len() == plan.n_singles;
+        if h.tok_row.len() != plan.total || h.bases.len() != plan.bases.len() || h.kv_dim != plan.kv_dim || !same_tiles
+        {
             return Err(cuda("plan KV", "refill with another shape".into()));
         }
         let s = &self.stream;
@@ -145,6 +205,12 @@ impl Gpu {
         s.memcpy_htod(&h.caps, &mut plan.caps).map_err(up())?;
         s.memcpy_htod(&h.tok_row, &mut plan.tok_row).map_err(up())?;
         s.memcpy_htod(&h.tok_pos, &mut plan.tok_pos).map_err(up())?;
+        if !h.tiles.is_empty() {
+            s.memcpy_htod(&h.tiles, &mut plan.tiles).map_err(up())?;
+        }
+        if !h.singles.is_empty() {
+            s.memcpy_htod(&h.singles, &mut plan.singles).map_err(up())?;
+        }
         Ok(())
     }
 
@@ -193,17 +259,43 @@ impl Gpu {
         if plan.total == 0 {
             return Ok(out);
         }
-        let f = self.function(&ATTENTION, "attention")?;
-        let cfg =
-            LaunchConfig { grid_dim: (plan.total as u32, nh as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let window = spec.window.map_or(0, |w| w as i32);
         let (li, hi, ki, di) = (layer as i32, nh as i32, nkv as i32, hd as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-        b.arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
-        // SAFETY: q and out hold total*nh*hd; every token's row mirror holds positions
-        // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store).
-        unsafe { b.launch(cfg) }.map_err(drv("attention"))?;
+        // Rows with several new tokens: query tiles over keys in shared memory.
+        if plan.n_tiles > 0 {
+            let f = self.function(&ATTENTION, tiled_kernel(hd))?;
+            let smem = tiled_smem(hd);
+            if smem > 48 << 10 {
+                // Past the 48 KiB a launch gets without asking (up to 99 KiB on sm_86/89).
+                let max = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                f.set_attribute(max, smem as i32).map_err(drv("attention shared memory"))?;
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (plan.n_tiles as u32, nh as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
+            b.arg(&plan.tiles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
+            // SAFETY: as below; every tile is (first token, count) of one row's
+            // consecutive tokens, and the shared memory is what the kernel lays out.
+            unsafe { b.launch(cfg) }.map_err(drv("attention_tiled"))?;
+        }
+        if plan.n_singles > 0 {
+            let f = self.function(&ATTENTION, "attention")?;
+            let cfg = LaunchConfig {
+                grid_dim: (plan.n_singles as u32, nh as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
+            b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
+            // SAFETY: q and out hold total*nh*hd; every token's row mirror holds positions
+            // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store).
+            unsafe { b.launch(cfg) }.map_err(drv("attention"))?;
+        }
         Ok(out)
     }
 

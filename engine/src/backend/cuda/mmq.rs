@@ -1,8 +1,8 @@
 //! Prefill matmuls on the tensor cores (`kernels/mmq.cu`): the quantized weights and the
 //! int8 activations go straight into int8 `mma.sync`, whose block sums are exact, and
 //! each block is scaled in f32 as the GEMV scales it. No dequantized copy of the weights
-//! is made. The default for a sequence's chunk of at least `gemm_min_rows()` tokens;
-//! `CORRAL_CUDA_MMQ=0` sends those chunks to cuBLAS instead (`gemm.rs`).
+//! is made. One of the ways a sequence's chunk of at least `gemm_min_rows()` tokens is
+//! multiplied (`gemm::Prefill`).
 
 use std::ops::Range;
 
@@ -17,18 +17,12 @@ use crate::error::{Error, Result};
 /// Weight rows and activation rows one CTA covers (`mmq.cu`).
 const TILE: usize = 64;
 
-/// Whether prefill chunks take the MMQ kernel (on unless `CORRAL_CUDA_MMQ=0`).
-fn mmq_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CORRAL_CUDA_MMQ").map_or(true, |v| v != "0"))
-}
-
 impl Gpu {
-    /// Whether prefill chunks take the MMQ kernel here: on unless turned off, and the
-    /// device has int8 `mma.sync` (compute capability 8.0 or later).
+    /// Whether the device has int8 `mma.sync` for the MMQ kernel (compute capability
+    /// 8.0 or later).
     pub fn has_mmq(&self) -> bool {
         let cc = self.arch().trim_start_matches("sm_").trim_end_matches(char::is_alphabetic).parse::<u32>();
-        mmq_enabled() && cc.is_ok_and(|v| v >= 80)
+        cc.is_ok_and(|v| v >= 80)
     }
 
     /// `y[r][j] = W[j] . x[r]` for rows `rows` of `act` (quantized for `w`) into the same

@@ -12,7 +12,7 @@ pub enum Library {
     /// `libnvrtc.so.13`: the runtime compiler for the kernels (CUDA 13 toolkit or the
     /// `nvidia-cuda-nvrtc` wheel).
     Nvrtc,
-    /// `libcublas.so.13`: needed for prefill GEMMs (not used by the op kernels yet).
+    /// `libcublas.so.13`: the f16 prefill GEMMs (without it, prefill takes MMQ).
     Cublas,
 }
 

@@ -27,7 +27,9 @@ fn cuda_attention_over_the_device_kv() {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
         let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window };
         // (committed positions, new tokens) per sequence: decode rows and a prefill row.
-        let plan = [(0, 5), (70, 1), (33, 40), (100, 1)];
+        // Prefill rows take the tiled kernel: query tiles (32, or 16 at head_dim 256)
+        // ending mid-tile, key tiles of 32 starting before the window.
+        let plan = [(0, 5), (70, 1), (33, 40), (100, 1), (200, 33)];
         let mut caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
         let mut cpu_caches = caches.clone();
         let total: usize = plan.iter().map(|p| p.1).sum();
@@ -36,7 +38,7 @@ fn cuda_attention_over_the_device_kv() {
         let (k, v) = (randn(&mut rng, total * shape.kv_dim, 1.0), randn(&mut rng, total * shape.kv_dim, 1.0));
 
         let mut rows: Vec<(&mut SeqCache, usize)> = caches.iter_mut().zip(&plan).map(|(c, p)| (c, p.1)).collect();
-        let mut kv = g.plan_kv(&mut rows).expect("plan");
+        let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, layer, &up(g, &k), &up(g, &v)).expect("kv_store");
         let got = down(g, &g.attention(&kv, layer, &up(g, &q), &spec).expect("attention"));
         let stage: Vec<f16> = down(g, &kv.stage);
@@ -83,7 +85,7 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
         };
         c.truncate(n);
         let mut rows = [(&mut *c, 1)];
-        let mut kv = g.plan_kv(&mut rows).expect("plan");
+        let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
         let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec).expect("attention"));
         host.reserve(1);
