@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKerne
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::ops::DeviceAct;
+use super::ops::{DeviceAct, type_index};
 use super::programs::EMBED;
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
@@ -108,13 +108,20 @@ impl Gpu {
         }
         // SAFETY: f16 has no invalid bit patterns; the kernel writes all n*k values.
         let mut out = unsafe { self.stream.alloc::<f16>(w.n * w.k) }.map_err(drv("alloc f16 weights"))?;
-        let f = self.function(&EMBED, "dequant_f16")?;
-        let ty = super::ops::type_index(w.dtype)? as i32;
+        let names = [
+            "dequant_f16_q4_0",
+            "dequant_f16_q4_1",
+            "dequant_f16_q5_0",
+            "dequant_f16_q8_0",
+            "dequant_f16_q4_k",
+            "dequant_f16_q6_k",
+        ];
+        let f = self.function(&EMBED, names[type_index(w.dtype)?])?;
         let groups = (w.n * w.k / 8).div_ceil(256);
         let cfg = LaunchConfig { grid_dim: (groups as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let (n, k) = (w.n as i32, w.k as i32);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux).arg(&mut out).arg(&n).arg(&k).arg(&ty);
+        b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux).arg(&mut out).arg(&n).arg(&k);
         // SAFETY: the weights hold n rows of k values in the layout the kernel reads.
         unsafe { b.launch(cfg) }.map_err(drv("dequant_f16"))?;
         Ok(Wide::F16(out))
@@ -147,7 +154,7 @@ impl Gpu {
         // SAFETY: f32 has no invalid bit patterns; the kernel writes all n*k values.
         let mut out = unsafe { self.stream.alloc::<f32>(w.n * w.k) }.map_err(drv("alloc f32 weights"))?;
         let f = self.function(&EMBED, "dequant_f32")?;
-        let ty = super::ops::type_index(w.dtype)? as i32;
+        let ty = type_index(w.dtype)? as i32;
         let cfg = LaunchConfig { grid_dim: (w.n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let k = w.k as i32;
         let mut b = self.stream.launch_builder(&f);

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::programs::ATTENTION;
+use super::programs::{ATTENTION, PREFILL};
 use crate::error::{Error, Result};
 use crate::kernels::AttnSpec;
 use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
@@ -62,30 +62,46 @@ fn cuda(op: &'static str, reason: String) -> Error {
     Error::Cuda { op, reason }
 }
 
-/// Query tokens of one row a block of `attention_tiled` takes, by head dimension.
-fn tiled_queries(hd: usize) -> usize {
-    if hd <= 128 { 32 } else { 16 }
+/// The kernel that attends rows with several new tokens (prefill), with its tile of
+/// query tokens and its dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PrefillKernel {
+    name: &'static str,
+    queries: usize,
+    smem: usize,
 }
 
-/// The `attention_tiled` kernel for a head dimension.
-fn tiled_kernel(hd: usize) -> &'static str {
-    if hd <= 64 {
-        "attention_tiled_64"
-    } else if hd <= 128 {
-        "attention_tiled_128"
-    } else {
-        "attention_tiled_256"
+impl PrefillKernel {
+    /// Tensor cores (`attention_mma_*`, head_dim 64 or 128, `mma` = sm_80 or later),
+    /// unless `CORRAL_CUDA_ATTENTION=simt`; else `attention_tiled_*` (f32 shared memory:
+    /// Q `[qt][hd]`, K `[32][hd + 4]`, V `[32][hd]`, probabilities `[qt][32]`).
+    fn choose(hd: usize, mma: bool, simt_wanted: bool) -> PrefillKernel {
+        match hd {
+            64 if mma && !simt_wanted => PrefillKernel { name: "attention_mma_64", queries: 64, smem: 0 },
+            128 if mma && !simt_wanted => PrefillKernel { name: "attention_mma_128", queries: 64, smem: 0 },
+            _ => {
+                let (name, queries) = if hd <= 64 {
+                    ("attention_tiled_64", 32)
+                } else if hd <= 128 {
+                    ("attention_tiled_128", 32)
+                } else {
+                    ("attention_tiled_256", 16)
+                };
+                let smem = (queries * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + queries * TILE_KEYS) * 4;
+                PrefillKernel { name, queries, smem }
+            }
+        }
     }
 }
 
-/// Shared memory of an `attention_tiled` block, f32 throughout: Q `[qt][hd]`, K
-/// `[32][hd + 4]`, V `[32][hd]`, probabilities `[qt][32]`.
-fn tiled_smem(hd: usize) -> usize {
-    let qt = tiled_queries(hd);
-    (qt * hd + TILE_KEYS * (hd + 4) + TILE_KEYS * hd + qt * TILE_KEYS) * 4
-}
-
 impl Gpu {
+    fn prefill_kernel(&self, hd: usize) -> PrefillKernel {
+        static SIMT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let simt = *SIMT.get_or_init(|| std::env::var("CORRAL_CUDA_ATTENTION").is_ok_and(|v| v == "simt"));
+        // int8 `mma.sync` (MMQ's test) and f16 m16n8k16 both came with sm_80.
+        PrefillKernel::choose(hd, self.has_mmq(), simt)
+    }
+
     /// Make `cache`'s mirror hold its `len` positions with room for `new` more; returns
     /// the buffer's device address and capacity.
     fn sync_mirror(&self, cache: &mut SeqCache, new: usize) -> Result<(u64, usize)> {
@@ -146,7 +162,7 @@ impl Gpu {
                 h.singles.push(t0 as i32);
             } else if *n > 1 {
                 let qt = head_dim
-                    .map(tiled_queries)
+                    .map(|hd| self.prefill_kernel(hd).queries)
                     .ok_or_else(|| cuda("plan KV", "a prefill row in a decode plan".into()))?;
                 for first in (0..*n).step_by(qt) {
                     h.tiles.extend([(t0 + first) as i32, qt.min(*n - first) as i32]);
@@ -263,8 +279,9 @@ impl Gpu {
         let (li, hi, ki, di) = (layer as i32, nh as i32, nkv as i32, hd as i32);
         // Rows with several new tokens: query tiles over keys in shared memory.
         if plan.n_tiles > 0 {
-            let f = self.function(&ATTENTION, tiled_kernel(hd))?;
-            let smem = tiled_smem(hd);
+            let kernel = self.prefill_kernel(hd);
+            let f = self.function(&PREFILL, kernel.name)?;
+            let smem = kernel.smem;
             if smem > 48 << 10 {
                 // Past the 48 KiB a launch gets without asking (up to 99 KiB on sm_86/89).
                 let max = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -318,5 +335,23 @@ impl Gpu {
         // SAFETY: every index is a row of x (checked); out holds src.len() rows.
         unsafe { b.launch(cfg) }.map_err(drv("gather_rows"))?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PrefillKernel;
+
+    #[test]
+    fn prefill_attention_kernel_by_head_dim_and_device() {
+        let name = |hd, mma, simt| PrefillKernel::choose(hd, mma, simt).name;
+        assert_eq!((name(64, true, false), name(128, true, false)), ("attention_mma_64", "attention_mma_128"));
+        assert_eq!((name(128, false, false), name(128, true, true)), ("attention_tiled_128", "attention_tiled_128"));
+        assert_eq!((name(96, true, false), name(256, true, false)), ("attention_tiled_128", "attention_tiled_256"));
+        // The SIMT kernel's shared memory: 53,760 bytes at head_dim 128 (over the 48 KiB
+        // a launch gets without asking), 84,480 at 256.
+        assert_eq!(PrefillKernel::choose(128, false, false).smem, 53_760);
+        assert_eq!(PrefillKernel::choose(256, true, false).smem, 84_480);
+        assert_eq!(PrefillKernel::choose(64, true, false).queries, 64);
     }
 }

@@ -15,9 +15,10 @@ pub const MMQ: Program = Program { name: "mmq", body: include_str!("kernels/mmq.
 pub const OPS: Program = Program { name: "ops", body: include_str!("kernels/ops.cu") };
 pub const EMBED: Program = Program { name: "embed", body: include_str!("kernels/embed.cu") };
 pub const ATTENTION: Program = Program { name: "attention", body: include_str!("kernels/attention.cu") };
+pub const PREFILL: Program = Program { name: "prefill", body: include_str!("kernels/prefill.cu") };
 
 /// Every program, in load order.
-pub const ALL: [&Program; 6] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION];
+pub const ALL: [&Program; 7] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION, &PREFILL];
 
 impl Program {
     /// The full text handed to NVRTC.

@@ -23,7 +23,10 @@ fn filled(rng: &mut rand::rngs::StdRng, shape: KvShape, n: usize) -> SeqCache {
 fn cuda_attention_over_the_device_kv() {
     let Some(g) = gpu() else { return };
     let mut rng = rng("cuda_attention_over_the_device_kv");
-    for (heads, kv_heads, hd, window) in [(9, 3, 64, None), (4, 1, 256, Some(40)), (8, 8, 128, None)] {
+    // head_dim 64 and 128 take the tensor-core prefill kernel, 256 the SIMT one.
+    let shapes =
+        [(9, 3, 64, None), (4, 1, 256, Some(40)), (8, 8, 128, None), (8, 2, 128, Some(50)), (4, 4, 64, Some(7))];
+    for (heads, kv_heads, hd, window) in shapes {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
         let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window };
         // (committed positions, new tokens) per sequence: decode rows and a prefill row.

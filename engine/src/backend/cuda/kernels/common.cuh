@@ -6,6 +6,8 @@ typedef unsigned char u8;
 typedef signed char i8;
 typedef unsigned int u32;
 
+#define NEG_INF __int_as_float(0xff800000)
+
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

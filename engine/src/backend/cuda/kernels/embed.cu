@@ -73,11 +73,13 @@ extern "C" __global__ void dequant_act(const i8* __restrict__ qs, const float* _
 
 // The whole matrix dequantized and rounded to f16 (`out` is [n][k]), for the f16 prefill
 // GEMM: each thread 8 consecutive values of a row (k is a multiple of 32, so they share
-// a block), stored as one 16-byte write. grid (n * k / 8 / 256 rounded up), block 256.
-extern "C" __global__ void dequant_f16(const u8* qs, const float* d, const float* m, const u8* aux,
-                                       uint4* out, int n, int k, int type) {
+// a block), stored as one 16-byte write; one kernel per type, so no per-value branch.
+// grid (n * k / 8 / 256 rounded up), block 256.
+template <int T>
+__device__ __forceinline__ void dequant_f16_t(const u8* qs, const float* d, const float* m, const u8* aux,
+                                              uint4* out, int n, int k) {
     const size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int per = type >= 4 ? 256 : 32;
+    constexpr int per = T >= 4 ? 256 : 32;
     const int kb = k / per, k8 = k / 8;
     if (g >= (size_t)n * k8) return;
     const size_t row = g / k8;
@@ -91,14 +93,26 @@ extern "C" __global__ void dequant_f16(const u8* qs, const float* d, const float
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int i = i0 + 2 * e + h;
-            if (type == 4) v[h] = deq_q4k(qs, d, m, aux, blk, i);
-            else if (type == 5) v[h] = deq_q6k(qs, d, aux, blk, i);
-            else v[h] = deq32(type, qs, d, m, aux, blk, i);
+            if (T == 4) v[h] = deq_q4k(qs, d, m, aux, blk, i);
+            else if (T == 5) v[h] = deq_q6k(qs, d, aux, blk, i);
+            else v[h] = deq32(T, qs, d, m, aux, blk, i);
         }
         w[e] = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
     }
     out[g] = make_uint4(w[0], w[1], w[2], w[3]);
 }
+
+#define DEQUANT_F16(NAME, T)                                                                                 \
+    extern "C" __global__ void NAME(const u8* qs, const float* d, const float* m, const u8* aux, uint4* out, \
+                                    int n, int k) {                                                          \
+        dequant_f16_t<T>(qs, d, m, aux, out, n, k);                                                          \
+    }
+DEQUANT_F16(dequant_f16_q4_0, 0)
+DEQUANT_F16(dequant_f16_q4_1, 1)
+DEQUANT_F16(dequant_f16_q5_0, 2)
+DEQUANT_F16(dequant_f16_q8_0, 3)
+DEQUANT_F16(dequant_f16_q4_k, 4)
+DEQUANT_F16(dequant_f16_q6_k, 5)
 
 // Quantized activations back to values rounded to f16: out[i] = f16(qs[i] * d[i / block]).
 extern "C" __global__ void dequant_act_f16(const i8* __restrict__ qs, const float* __restrict__ d,
