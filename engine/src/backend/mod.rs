@@ -77,6 +77,20 @@ pub trait Backend: Send + Sync + 'static {
         let h = self.rms_norm(x, norm, eps)?;
         self.matmul_many(p, w, &h)
     }
+    /// `x += y`, then `norm_matmul_many` of the new `x` (a backend may do the add, the
+    /// norm and the quantization in one kernel; the values must be the unfused ones).
+    fn add_norm_matmul_many<const N: usize>(
+        &self,
+        p: &Self::Pass,
+        x: &mut Self::Act,
+        y: &Self::Act,
+        norm: &Self::Vector,
+        eps: f32,
+        w: [&Self::Matrix; N],
+    ) -> Result<[Self::Act; N]> {
+        self.add(x, y)?;
+        self.norm_matmul_many(p, x, norm, eps, w)
+    }
     /// `matmul` of `gate(g) * u` (fusable likewise).
     fn gated_matmul(
         &self,
@@ -94,6 +108,18 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Rotate `x` (`[T][heads][head_dim]`) by rotary table `table` of the pass.
     fn rope(&self, p: &Self::Pass, x: &mut Self::Act, heads: usize, table: usize, style: RopeStyle) -> Result<()>;
+    /// `rope` of the queries and of the keys (one launch on a GPU).
+    fn rope_qk(
+        &self,
+        p: &Self::Pass,
+        (q, k): (&mut Self::Act, &mut Self::Act),
+        (q_heads, k_heads): (usize, usize),
+        table: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        self.rope(p, q, q_heads, table, style)?;
+        self.rope(p, k, k_heads, table, style)
+    }
     /// Write each row's new K/V for `layer`, then attend each row's queries over its own
     /// cache. Returns `[T][n_heads * head_dim]`.
     fn attend(

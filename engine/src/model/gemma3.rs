@@ -82,24 +82,30 @@ impl<B: Backend> Architecture for Gemma3<B> {
         let q_scale = 1.0 / (c.head_dim as f32).sqrt();
         let mut x = b.embed(&p, &self.ends.embed)?;
         b.scale(&mut x, (c.hidden as f32).sqrt())?;
+        // The FFN's output, added to `x` together with the next layer's norm.
+        let mut ffn_out = None;
         for (il, l) in self.layers.iter().enumerate() {
             let swa = c.is_swa[il];
             let rope = if swa { LOCAL } else { GLOBAL };
-            let [mut q, mut k, v] = b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, [&l.wq, &l.wk, &l.wv])?;
+            let qkv = [&l.wq, &l.wk, &l.wv];
+            let [mut q, mut k, v] = match ffn_out.take() {
+                Some(y) => b.add_norm_matmul_many(&p, &mut x, &y, &l.attn_norm, c.rms_eps, qkv)?,
+                None => b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, qkv)?,
+            };
             b.rms_norm_inplace(&mut q, &l.q_norm, c.rms_eps)?;
             b.rms_norm_inplace(&mut k, &l.k_norm, c.rms_eps)?;
-            b.rope(&p, &mut q, c.n_heads, rope, RopeStyle::Neox)?;
-            b.rope(&p, &mut k, c.n_kv_heads, rope, RopeStyle::Neox)?;
+            b.rope_qk(&p, (&mut q, &mut k), (c.n_heads, c.n_kv_heads), rope, RopeStyle::Neox)?;
             b.scale(&mut q, q_scale)?;
             let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec(swa))?;
             let mut o = b.matmul(&p, &l.wo, &a)?;
             b.rms_norm_inplace(&mut o, &l.post_attn_norm, c.rms_eps)?;
-            b.add(&mut x, &o)?;
-
-            let [gate, up] = b.norm_matmul_many(&p, &x, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
+            let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
             let mut d = b.gated_matmul(&p, gate, &up, Gate::Gelu, &l.w_down)?;
             b.rms_norm_inplace(&mut d, &l.post_ffn_norm, c.rms_eps)?;
-            b.add(&mut x, &d)?;
+            ffn_out = Some(d);
+        }
+        if let Some(y) = ffn_out {
+            b.add(&mut x, &y)?;
         }
         b.finish(p, rows, &x, &self.ends.norm, c.rms_eps, &self.ends.lm_head)
     }

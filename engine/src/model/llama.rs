@@ -65,15 +65,22 @@ impl<B: Backend> Architecture for Llama<B> {
             window: None,
         };
         let mut x = b.embed(&p, &self.ends.embed)?;
+        // The FFN's output, added to `x` together with the next layer's norm.
+        let mut ffn_out = None;
         for (il, l) in self.layers.iter().enumerate() {
-            let [mut q, mut k, v] = b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, [&l.wq, &l.wk, &l.wv])?;
-            b.rope(&p, &mut q, c.n_heads, 0, RopeStyle::Interleaved)?;
-            b.rope(&p, &mut k, c.n_kv_heads, 0, RopeStyle::Interleaved)?;
+            let qkv = [&l.wq, &l.wk, &l.wv];
+            let [mut q, mut k, v] = match ffn_out.take() {
+                Some(y) => b.add_norm_matmul_many(&p, &mut x, &y, &l.attn_norm, c.rms_eps, qkv)?,
+                None => b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, qkv)?,
+            };
+            b.rope_qk(&p, (&mut q, &mut k), (c.n_heads, c.n_kv_heads), 0, RopeStyle::Interleaved)?;
             let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec)?;
-            b.add(&mut x, &b.matmul(&p, &l.wo, &a)?)?;
-
-            let [gate, up] = b.norm_matmul_many(&p, &x, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
-            b.add(&mut x, &b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?)?;
+            let o = b.matmul(&p, &l.wo, &a)?;
+            let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
+            ffn_out = Some(b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?);
+        }
+        if let Some(y) = ffn_out {
+            b.add(&mut x, &y)?;
         }
         b.finish(p, rows, &x, &self.ends.norm, c.rms_eps, &self.ends.lm_head)
     }

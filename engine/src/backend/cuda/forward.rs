@@ -133,7 +133,7 @@ impl CudaBackend {
         runs: &[(Range<usize>, bool)],
         w: &[&DeviceWeights],
         m: usize,
-        fill: impl Fn(&mut DeviceAct) -> Result<()>,
+        mut fill: impl FnMut(&mut DeviceAct) -> Result<()>,
     ) -> Result<Vec<(DeviceAct, Option<Wide>)>> {
         let mut acts: Vec<(DeviceAct, Option<Wide>)> = Vec::new();
         for wi in w {
@@ -312,6 +312,25 @@ impl Backend for CudaBackend {
         self.matmul_acts(&p.runs, w, &acts)
     }
 
+    fn add_norm_matmul_many<const N: usize>(
+        &self,
+        p: &CudaPass,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        norm: &CudaSlice<f32>,
+        eps: f32,
+        w: [&DeviceWeights; N],
+    ) -> Result<[CudaSlice<f32>; N]> {
+        // One quantized input only: the add must happen once.
+        let one_format = w.iter().all(|wi| ActFormat::for_weights(wi.dtype) == ActFormat::for_weights(w[0].dtype));
+        if self.cublas_runs(&p.runs) || !one_format {
+            self.add(x, y)?;
+            return self.norm_matmul_many(p, x, norm, eps, w);
+        }
+        let acts = self.acts_for(&p.runs, &w, x.len() / w[0].k, |a| self.gpu.add_norm_quantize(x, y, norm, eps, a))?;
+        self.matmul_acts(&p.runs, w, &acts)
+    }
+
     fn gated_matmul(
         &self,
         p: &CudaPass,
@@ -335,6 +354,18 @@ impl Backend for CudaBackend {
     fn rope(&self, p: &CudaPass, x: &mut CudaSlice<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {
         let spec = RopeSpec { heads, head_dim: p.head_dim, base: p.bases[table], style };
         self.gpu.rope(x, &p.kv.tok_pos, spec)
+    }
+
+    fn rope_qk(
+        &self,
+        p: &CudaPass,
+        (q, k): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        (q_heads, k_heads): (usize, usize),
+        table: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        let spec = RopeSpec { heads: q_heads, head_dim: p.head_dim, base: p.bases[table], style };
+        self.gpu.rope_qk((q, k), k_heads, &p.kv.tok_pos, spec)
     }
 
     fn attend(

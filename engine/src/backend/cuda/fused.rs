@@ -57,6 +57,43 @@ impl Gpu {
         Ok(())
     }
 
+    /// `x += y`, then `act` = the quantized rows of `rms_norm(x, w, eps)`, in one kernel.
+    pub fn add_norm_quantize(
+        &self,
+        x: &mut CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+        act: &mut DeviceAct,
+    ) -> Result<()> {
+        let width = act.k;
+        if w.len() != width || x.len() != act.rows * width || y.len() != x.len() {
+            return Err(bad(format!(
+                "x {} / y {} / w {} values for {} rows of {width}",
+                x.len(),
+                y.len(),
+                w.len(),
+                act.rows
+            )));
+        }
+        if act.rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "add_norm_quantize")?;
+        let threads = (width / act.format.block() * 32).clamp(32, 1024) as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (int(act.rows)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let (block, with_sum, sums) = act.fused_args(&self.stream);
+        let (qs, d) = (act.qs.device_ptr_mut(&self.stream).0, act.d.device_ptr_mut(&self.stream).0);
+        let wi = int(width)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(y).arg(w).arg(&wi).arg(&eps).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
+        // SAFETY: x and y hold rows*width values, w width; the activation arrays were
+        // sized for rows*width values of this format by DeviceAct::alloc.
+        unsafe { b.launch(cfg) }.map_err(drv("add_norm_quantize"))?;
+        Ok(())
+    }
+
     /// `act` = the quantized values of `gate(g) * u` over the whole buffers.
     pub fn gate_quantize(&self, g: &CudaSlice<f32>, u: &CudaSlice<f32>, gate: Gate, act: &mut DeviceAct) -> Result<()> {
         let n = act.rows * act.k;

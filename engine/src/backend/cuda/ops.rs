@@ -346,28 +346,62 @@ impl Gpu {
 
     /// Rotate `x` (`[rows][heads][head_dim]`) in place; row r is at position `pos[r]`.
     pub fn rope(&self, x: &mut CudaSlice<f32>, pos: &CudaSlice<i32>, spec: RopeSpec) -> Result<()> {
+        self.rope_launch(x, None, pos, spec)
+    }
+
+    /// `rope` of `q` (`spec.heads` heads) and of `k` (`k_heads`) in one launch.
+    pub fn rope_qk(
+        &self,
+        (q, k): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+        k_heads: usize,
+        pos: &CudaSlice<i32>,
+        spec: RopeSpec,
+    ) -> Result<()> {
+        self.rope_launch(q, Some((k, k_heads)), pos, spec)
+    }
+
+    fn rope_launch(
+        &self,
+        x: &mut CudaSlice<f32>,
+        k: Option<(&mut CudaSlice<f32>, usize)>,
+        pos: &CudaSlice<i32>,
+        spec: RopeSpec,
+    ) -> Result<()> {
         let RopeSpec { heads, head_dim, base, style } = spec;
         let rows = pos.len();
-        shape(head_dim.is_multiple_of(2) && head_dim <= 2048 && x.len() == rows * heads * head_dim, || {
+        let fits = |x: &CudaSlice<f32>, heads: usize| x.len() == rows * heads * head_dim;
+        shape(head_dim.is_multiple_of(2) && head_dim <= 2048 && fits(x, heads), || {
             format!("x has {} values, not {rows} x {heads} x {head_dim}", x.len())
         })?;
+        if let Some((k, kh)) = &k {
+            shape(fits(k, *kh), || format!("k has {} values, not {rows} x {kh} x {head_dim}", k.len()))?;
+        }
         if rows == 0 {
             return Ok(());
         }
         // The CPU's `RopeTable` computes this with the host powf; use the same value.
         let theta_scale = base.powf(-2.0 / head_dim as f32);
         let half = head_dim / 2;
-        let f = self.function(&OPS, "rope")?;
+        let all_heads = heads + k.as_ref().map_or(0, |k| k.1);
+        let f = self.function(&OPS, if k.is_some() { "rope_qk" } else { "rope" })?;
         let threads = half.div_ceil(32) * 32;
         let cfg = LaunchConfig {
-            grid_dim: (int(rows)? as u32, int(heads)? as u32, 1),
+            grid_dim: (int(rows)? as u32, int(all_heads)? as u32, 1),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let (hi, hf, neox) = (int(heads)?, int(half)?, i32::from(style == RopeStyle::Neox));
         let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(pos).arg(&hi).arg(&hf).arg(&theta_scale).arg(&neox);
-        // SAFETY: x holds rows*heads*head_dim values, pos holds rows.
+        b.arg(x);
+        let ki;
+        if let Some((k, kh)) = k {
+            ki = int(kh)?;
+            b.arg(k).arg(pos).arg(&hi).arg(&ki);
+        } else {
+            b.arg(pos).arg(&hi);
+        }
+        b.arg(&hf).arg(&theta_scale).arg(&neox);
+        // SAFETY: x holds rows*heads*head_dim values (and k rows*kh*head_dim), pos rows.
         unsafe { b.launch(cfg) }.map_err(drv("rope"))?;
         Ok(())
     }

@@ -46,6 +46,14 @@ fn cuda_rope_matches_cpu() {
             g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope");
             let op = format!("rope {style:?} rows={rows} heads={heads} d={head_dim}");
             rel_err(&op, &down(g, &xd), &want, ROPE_BOUND);
+            // Queries and keys in one launch: bit for bit the two launches.
+            let k = randn(&mut rng, rows * 2 * head_dim, 3.0);
+            let (mut qd, mut kd, mut k_alone) = (up(g, &x), up(g, &k), up(g, &k));
+            g.rope_qk((&mut qd, &mut kd), 2, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope_qk");
+            g.rope(&mut k_alone, &pd, RopeSpec { heads: 2, head_dim, base, style }).expect("rope");
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(down(g, &qd)), bits(down(g, &xd)), "{op}: rope_qk queries");
+            assert_eq!(bits(down(g, &kd)), bits(down(g, &k_alone)), "{op}: rope_qk keys");
         }
     }
 }
@@ -134,6 +142,16 @@ fn cuda_fused_quantize_equals_unfused() {
             g.rms_norm(&x, &w, &mut h, 1e-6).expect("rms_norm");
             g.quantize(&h, &mut plain).expect("quantize");
             same(&fused, &plain);
+            // x += y fused in front: the same activations, and x left as add_inplace leaves it.
+            let y = up(g, &randn(&mut rng, rows * width, 1.0));
+            let (mut x1, mut x2) = (up(g, &down(g, &x)), up(g, &down(g, &x)));
+            let (mut fused, mut plain) = (alloc(), alloc());
+            g.add_norm_quantize(&mut x1, &y, &w, 1e-6, &mut fused).expect("add_norm_quantize");
+            g.add(&mut x2, &y).expect("add");
+            g.norm_quantize(&x2, &w, 1e-6, &mut plain).expect("norm_quantize");
+            same(&fused, &plain);
+            let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(down(g, &x1)), bits(down(g, &x2)), "add_norm_quantize: x");
             for gate in [crate::backend::Gate::Silu, crate::backend::Gate::Gelu] {
                 let u = up(g, &randn(&mut rng, rows * width, 1.0));
                 let (mut fused, mut plain) = (alloc(), alloc());

@@ -15,18 +15,31 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 
 // x is [rows][heads][2 * half]; grid (rows, heads), one thread per rotated pair.
 // theta_scale = base^(-2/head_dim) is computed on the host with the CPU's powf.
-extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int heads,
-                                int half, float theta_scale, int neox) {
+__device__ __forceinline__ void rope_head(float* __restrict__ x, const int* __restrict__ pos, int heads, int h,
+                                          int half, float theta_scale, int neox) {
     const int i = threadIdx.x;
     if (i >= half) return;
     float theta = (float)pos[blockIdx.x];
     for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
     const float c = cosf(theta), s = sinf(theta);
-    float* head = x + ((size_t)blockIdx.x * heads + blockIdx.y) * (size_t)(2 * half);
+    float* head = x + ((size_t)blockIdx.x * heads + h) * (size_t)(2 * half);
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
     const float a = head[ia], b = head[ib];
     head[ia] = fmaf(a, c, -__fmul_rn(b, s));
     head[ib] = fmaf(a, s, __fmul_rn(b, c));
+}
+
+extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int heads, int half,
+                                float theta_scale, int neox) {
+    rope_head(x, pos, heads, blockIdx.y, half, theta_scale, neox);
+}
+
+// rope of the queries (heads 0..hq of grid y) and of the keys (the next hk) in one launch.
+extern "C" __global__ void rope_qk(float* __restrict__ q, float* __restrict__ k, const int* __restrict__ pos,
+                                   int hq, int hk, int half, float theta_scale, int neox) {
+    const int y = blockIdx.y;
+    if (y < hq) rope_head(q, pos, hq, y, half, theta_scale, neox);
+    else rope_head(k, pos, hk, y - hq, half, theta_scale, neox);
 }
 
 // g = silu(g) * u over n values; the first `simd` take ggml's exp, the tail libm's.

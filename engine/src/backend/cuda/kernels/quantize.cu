@@ -83,10 +83,10 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
 // Fused: RMSNorm of each row (one block a row, as `rms_norm`) straight into its
 // quantized blocks, the normalized values never stored. `block` is 32 (Q8_0/Q8_1) or
 // 256 (Q8_K; `s_out` is then the bsums, as int).
-extern "C" __global__ void norm_quantize(const float* __restrict__ x, const float* __restrict__ w, int width,
-                                         float eps, int block, i8* __restrict__ qs, float* __restrict__ d_out,
-                                         float* __restrict__ s_out, int with_sum) {
-    const float* xr = x + (size_t)blockIdx.x * width;
+__device__ __forceinline__ void norm_quantize_row(const float* __restrict__ xr, const float* __restrict__ w,
+                                                  int width, float eps, int block, i8* __restrict__ qs,
+                                                  float* __restrict__ d_out, float* __restrict__ s_out,
+                                                  int with_sum) {
     const float scale = block_rms_scale(xr, width, eps);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int per_row = width / block;
@@ -105,6 +105,24 @@ extern "C" __global__ void norm_quantize(const float* __restrict__ x, const floa
             quant256(v, lane, blk, qs, d_out, (int*)s_out);
         }
     }
+}
+
+extern "C" __global__ void norm_quantize(const float* __restrict__ x, const float* __restrict__ w, int width,
+                                         float eps, int block, i8* __restrict__ qs, float* __restrict__ d_out,
+                                         float* __restrict__ s_out, int with_sum) {
+    norm_quantize_row(x + (size_t)blockIdx.x * width, w, width, eps, block, qs, d_out, s_out, with_sum);
+}
+
+// Fused: x += y (as add_inplace), then norm_quantize of the new row; one block a row.
+extern "C" __global__ void add_norm_quantize(float* __restrict__ x, const float* __restrict__ y,
+                                             const float* __restrict__ w, int width, float eps, int block,
+                                             i8* __restrict__ qs, float* __restrict__ d_out,
+                                             float* __restrict__ s_out, int with_sum) {
+    float* xr = x + (size_t)blockIdx.x * width;
+    const float* yr = y + (size_t)blockIdx.x * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) xr[i] = xr[i] + yr[i];
+    __syncthreads();
+    norm_quantize_row(xr, w, width, eps, block, qs, d_out, s_out, with_sum);
 }
 
 // Fused: the gated activation (gelu = 0: silu(g) * u, ggml's exp below `simd`; 1:
