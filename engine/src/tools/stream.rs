@@ -174,6 +174,10 @@ impl ToolStream {
                 // `{"name": "f", "parameters": ` (Llama 3), then the arguments.
                 let body = self.held.strip_prefix('\n').unwrap_or(&self.held);
                 let Some((name, head_len)) = self.head(body) else {
+                    if !last && self.head_pending(body) {
+                        // Not all there yet (the name may even hold a closer).
+                        return false;
+                    }
                     return self.unparsed_call(out, last);
                 };
                 let skip = self.held.len() - body.len() + head_len;
@@ -230,6 +234,16 @@ impl ToolStream {
         let name = rest[..end].to_owned();
         let head = self.fmt.call_head(&name);
         body.starts_with(&head).then_some((name, head.len()))
+    }
+
+    /// Whether `body` could still grow into the exact head (`head` found none yet): a
+    /// prefix of `{"name": "`, a name not closed yet, or a prefix of that name's head.
+    fn head_pending(&self, body: &str) -> bool {
+        let prefix = "{\"name\": \"";
+        match body.strip_prefix(prefix) {
+            None => prefix.starts_with(body),
+            Some(rest) => rest.find('"').is_none_or(|end| self.fmt.call_head(&rest[..end]).starts_with(body)),
+        }
     }
 
     /// A call that is not (yet) in the exact layout: wait for its end, then parse it

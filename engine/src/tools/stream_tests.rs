@@ -147,3 +147,20 @@ fn whitespace_after_content_is_content_however_split() {
         }
     }
 }
+
+/// Found by the `tool_calls` fuzz target (seed 1 in CI's run): under the grammar, a call
+/// whose name held the closer and arrived split there was taken as an unparsed call
+/// ended by that closer (content), while the whole text read the name to its quote.
+#[test]
+fn a_closer_inside_a_split_name_waits_for_the_name() {
+    let f = fmt(Syntax::Hermes);
+    let chunks = ["<tool_call>\n{\"name\": \"g</tool_call>", "get_weather\", \"arguments\": {\"a\": 1}}\n</tool_call>"];
+    let whole = parse(&f, true, &chunks.concat());
+    assert_eq!(whole, (None, vec![call("g</tool_call>get_weather", r#"{"a": 1}"#)]));
+    assert_eq!(parse_chunks(&f, true, &chunks), whole);
+    // The fuzz input itself: cut short, with bytes that are not UTF-8.
+    let chunks =
+        ["<tool_call>\n{\"name\": \"g</tool_call>", "get_weather\", \"arguments\": {stit\ncall", "\n", "<\u{fffd}"];
+    assert_eq!(parse_chunks(&f, true, &chunks), parse(&f, true, &chunks.concat()));
+    assert_eq!(parse_all_splits(&f, true, &chunks.concat()), parse(&f, true, &chunks.concat()));
+}

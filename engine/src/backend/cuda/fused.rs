@@ -32,28 +32,49 @@ impl DeviceAct {
     }
 }
 
-impl Gpu {
-    /// `act` = the quantized rows of `rms_norm(x, w, eps)` (`x` is `[act.rows][act.k]`).
-    pub fn norm_quantize(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32, act: &mut DeviceAct) -> Result<()> {
+/// The launch of a row-wise norm-and-quantize kernel (a block a row) and the arguments
+/// that follow its inputs.
+struct RowQuant {
+    cfg: LaunchConfig,
+    width: i32,
+    block: i32,
+    with_sum: i32,
+    qs: u64,
+    d: u64,
+    sums: u64,
+}
+
+impl RowQuant {
+    /// For `act`'s rows, after checking `w` is one row wide and each input length is
+    /// all the rows; `None` when there are no rows.
+    fn new(act: &mut DeviceAct, w: &CudaSlice<f32>, inputs: &[usize]) -> Result<Option<RowQuant>> {
         let width = act.k;
-        if w.len() != width || x.len() != act.rows * width {
-            return Err(bad(format!("x {} / w {} values for {} rows of {width}", x.len(), w.len(), act.rows)));
+        if w.len() != width || inputs.iter().any(|&n| n != act.rows * width) {
+            return Err(bad(format!("inputs {inputs:?} / w {} values for {} rows of {width}", w.len(), act.rows)));
         }
         if act.rows == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let f = self.function(&QUANTIZE, "norm_quantize")?;
         let threads = (width / act.format.block() * 32).clamp(32, 1024) as u32;
         let cfg =
             LaunchConfig { grid_dim: (int(act.rows)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let (block, with_sum, sums) = act.fused_args(&self.stream);
-        let (qs, d) = (act.qs.device_ptr_mut(&self.stream).0, act.d.device_ptr_mut(&self.stream).0);
-        let wi = int(width)?;
+        let s = act.qs.stream().clone();
+        let (block, with_sum, sums) = act.fused_args(&s);
+        let (qs, d) = (act.qs.device_ptr_mut(&s).0, act.d.device_ptr_mut(&s).0);
+        Ok(Some(RowQuant { cfg, width: int(width)?, block, with_sum, qs, d, sums }))
+    }
+}
+
+impl Gpu {
+    /// `act` = the quantized rows of `rms_norm(x, w, eps)` (`x` is `[act.rows][act.k]`).
+    pub fn norm_quantize(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32, act: &mut DeviceAct) -> Result<()> {
+        let Some(r) = RowQuant::new(act, w, &[x.len()])? else { return Ok(()) };
+        let f = self.function(&QUANTIZE, "norm_quantize")?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(w).arg(&wi).arg(&eps).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
-        // SAFETY: x holds rows*width values, w width; the activation arrays were sized for
-        // rows*width values of this format by DeviceAct::alloc.
-        unsafe { b.launch(cfg) }.map_err(drv("norm_quantize"))?;
+        b.arg(x).arg(w).arg(&r.width).arg(&eps).arg(&r.block).arg(&r.qs).arg(&r.d).arg(&r.sums).arg(&r.with_sum);
+        // SAFETY: x holds rows*width values, w width (RowQuant::new checked); the
+        // activation arrays were sized for rows*width values of this format.
+        unsafe { b.launch(r.cfg) }.map_err(drv("norm_quantize"))?;
         Ok(())
     }
 
@@ -66,31 +87,13 @@ impl Gpu {
         eps: f32,
         act: &mut DeviceAct,
     ) -> Result<()> {
-        let width = act.k;
-        if w.len() != width || x.len() != act.rows * width || y.len() != x.len() {
-            return Err(bad(format!(
-                "x {} / y {} / w {} values for {} rows of {width}",
-                x.len(),
-                y.len(),
-                w.len(),
-                act.rows
-            )));
-        }
-        if act.rows == 0 {
-            return Ok(());
-        }
+        let Some(r) = RowQuant::new(act, w, &[x.len(), y.len()])? else { return Ok(()) };
         let f = self.function(&QUANTIZE, "add_norm_quantize")?;
-        let threads = (width / act.format.block() * 32).clamp(32, 1024) as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (int(act.rows)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let (block, with_sum, sums) = act.fused_args(&self.stream);
-        let (qs, d) = (act.qs.device_ptr_mut(&self.stream).0, act.d.device_ptr_mut(&self.stream).0);
-        let wi = int(width)?;
         let mut b = self.stream.launch_builder(&f);
-        b.arg(x).arg(y).arg(w).arg(&wi).arg(&eps).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
-        // SAFETY: x and y hold rows*width values, w width; the activation arrays were
-        // sized for rows*width values of this format by DeviceAct::alloc.
-        unsafe { b.launch(cfg) }.map_err(drv("add_norm_quantize"))?;
+        b.arg(x).arg(y).arg(w).arg(&r.width).arg(&eps).arg(&r.block);
+        b.arg(&r.qs).arg(&r.d).arg(&r.sums).arg(&r.with_sum);
+        // SAFETY: as norm_quantize; y holds rows*width values too.
+        unsafe { b.launch(r.cfg) }.map_err(drv("add_norm_quantize"))?;
         Ok(())
     }
 

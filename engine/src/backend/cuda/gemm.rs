@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use cudarc::cublas::{result as blas, sys as blas_sys};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use half::f16;
 
 use super::device::{Gpu, drv};
@@ -129,24 +129,10 @@ impl Gpu {
 
     /// Quantized activations widened for `prefill` (F16 or F32), `[rows][k]`.
     pub(crate) fn dequant_act_wide(&self, act: &DeviceAct, prefill: Prefill) -> Result<Wide> {
-        if prefill == Prefill::F32 {
-            return self.dequant_act(act).map(Wide::F32);
+        match prefill {
+            Prefill::F32 => self.widen_act(act, "dequant_act").map(Wide::F32),
+            _ => self.widen_act(act, "dequant_act_f16").map(Wide::F16),
         }
-        let n = act.rows * act.k;
-        // SAFETY: as above; the kernel writes all n values.
-        let mut out = unsafe { self.stream.alloc::<f16>(n) }.map_err(drv("alloc f16 activations"))?;
-        let f = self.function(&EMBED, "dequant_act_f16")?;
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ni, block) = (n as i32, act.format.block() as i32);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&act.qs).arg(&act.d).arg(&mut out).arg(&ni).arg(&block);
-        // SAFETY: qs holds n values, d one per block of them.
-        unsafe { b.launch(cfg) }.map_err(drv("dequant_act_f16"))?;
-        Ok(Wide::F16(out))
     }
 
     /// `w` dequantized to f32, `[n][k]`.
@@ -164,12 +150,13 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Quantized activations expanded back to f32 (`[rows][k]`).
-    pub(crate) fn dequant_act(&self, act: &DeviceAct) -> Result<CudaSlice<f32>> {
+    /// Quantized activations expanded back (`[rows][k]` values of `T`) by `kernel`:
+    /// `dequant_act` (f32, exact) or `dequant_act_f16` (rounded to f16).
+    fn widen_act<T: DeviceRepr>(&self, act: &DeviceAct, kernel: &'static str) -> Result<CudaSlice<T>> {
         let n = act.rows * act.k;
-        // SAFETY: as above; the kernel writes all n values.
-        let mut out = unsafe { self.stream.alloc::<f32>(n) }.map_err(drv("alloc f32 activations"))?;
-        let f = self.function(&EMBED, "dequant_act")?;
+        // SAFETY: f32 and f16 have no invalid bit patterns; the kernel writes all n values.
+        let mut out = unsafe { self.stream.alloc::<T>(n) }.map_err(drv("alloc widened activations"))?;
+        let f = self.function(&EMBED, kernel)?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -178,8 +165,9 @@ impl Gpu {
         let (ni, block) = (n as i32, act.format.block() as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&act.qs).arg(&act.d).arg(&mut out).arg(&ni).arg(&block);
-        // SAFETY: qs holds n values, d one per block of them.
-        unsafe { b.launch(cfg) }.map_err(drv("dequant_act"))?;
+        // SAFETY: qs holds n values, d one per block of them; out holds n values of the
+        // kernel's output type (T is f32 for dequant_act, f16 for dequant_act_f16).
+        unsafe { b.launch(cfg) }.map_err(drv("widen activations"))?;
         Ok(out)
     }
 

@@ -66,12 +66,9 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     const int t = toks[blockIdx.x], h = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = tok_row[t], pos = tok_pos[t];
-    const size_t cap = (size_t)caps[r];
     const int kv_dim = n_kv * hd;
-    const int kvh = h / (n_heads / n_kv);
-    const unsigned short* base = (const unsigned short*)bases[r];
-    const unsigned short* K = base + (size_t)layer * 2 * cap * kv_dim + (size_t)kvh * hd;
-    const unsigned short* V = base + ((size_t)layer * 2 + 1) * cap * kv_dim + (size_t)kvh * hd;
+    const unsigned short* K = kv_plane(bases, caps, r, layer, 0, n_heads, n_kv, hd, h);
+    const unsigned short* V = kv_plane(bases, caps, r, layer, 1, n_heads, n_kv, hd, h);
     const float* qr = q + ((size_t)t * n_heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = h2f(f2h(qr[i]));
     __syncthreads();

@@ -8,6 +8,16 @@ typedef unsigned int u32;
 
 #define NEG_INF __int_as_float(0xff800000)
 
+// Row r's K (which 0) or V (1) of `layer` in its device KV mirror (attention.cu), from
+// query head h's KV head on: position p's head_dim values start at [p * n_kv * hd].
+__device__ __forceinline__ const unsigned short* kv_plane(const unsigned long long* bases, const int* caps, int r,
+                                                          int layer, int which, int n_heads, int n_kv, int hd,
+                                                          int h) {
+    const size_t kv_dim = (size_t)n_kv * hd, cap = (size_t)caps[r];
+    const int kvh = h / (n_heads / n_kv);
+    return (const unsigned short*)bases[r] + ((size_t)layer * 2 + which) * cap * kv_dim + (size_t)kvh * hd;
+}
+
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -36,12 +36,9 @@ __device__ __forceinline__ void attention_tiled(const float* __restrict__ q, flo
     const int h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int r = tok_row[t0], p0 = tok_pos[t0], plast = p0 + count - 1;
-    const size_t cap = (size_t)caps[r];
     const int kv_dim = n_kv * hd;
-    const int kvh = h / (n_heads / n_kv);
-    const unsigned short* base = (const unsigned short*)bases[r];
-    const unsigned short* K = base + (size_t)layer * 2 * cap * kv_dim + (size_t)kvh * hd;
-    const unsigned short* V = base + ((size_t)layer * 2 + 1) * cap * kv_dim + (size_t)kvh * hd;
+    const unsigned short* K = kv_plane(bases, caps, r, layer, 0, n_heads, n_kv, hd, h);
+    const unsigned short* V = kv_plane(bases, caps, r, layer, 1, n_heads, n_kv, hd, h);
 
     for (int i = tid; i < QT * hd; i += blockDim.x) {
         const int qi = i / hd, d = i - qi * hd;
@@ -242,12 +239,9 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ q, float
     const int h = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c4 = lane & 3;
     const int r = tok_row[t0], p0 = tok_pos[t0], plast = p0 + count - 1;
-    const size_t cap = (size_t)caps[r];
     const int kv_dim = n_kv * HD;
-    const int kvh = h / (n_heads / n_kv);
-    const unsigned short* base = (const unsigned short*)bases[r];
-    const unsigned short* K = base + (size_t)layer * 2 * cap * kv_dim + (size_t)kvh * HD;
-    const unsigned short* V = base + ((size_t)layer * 2 + 1) * cap * kv_dim + (size_t)kvh * HD;
+    const unsigned short* K = kv_plane(bases, caps, r, layer, 0, n_heads, n_kv, HD, h);
+    const unsigned short* V = kv_plane(bases, caps, r, layer, 1, n_heads, n_kv, HD, h);
 
     // This lane's query rows (relative to t0) and their positions.
     const int row[2] = {16 * warp + g, 16 * warp + g + 8};
