@@ -304,10 +304,6 @@ impl Backend for CudaBackend {
         eps: f32,
         w: [&DeviceWeights; N],
     ) -> Result<[CudaSlice<f32>; N]> {
-        if self.cublas_runs(&p.runs) {
-            let h = self.rms_norm(x, norm, eps)?;
-            return self.matmul_runs(&p.runs, w, &h);
-        }
         let acts = self.acts_for(&p.runs, &w, x.len() / w[0].k, |a| self.gpu.norm_quantize(x, norm, eps, a))?;
         self.matmul_acts(&p.runs, w, &acts)
     }
@@ -323,7 +319,7 @@ impl Backend for CudaBackend {
     ) -> Result<[CudaSlice<f32>; N]> {
         // One quantized input only: the add must happen once.
         let one_format = w.iter().all(|wi| ActFormat::for_weights(wi.dtype) == ActFormat::for_weights(w[0].dtype));
-        if self.cublas_runs(&p.runs) || !one_format {
+        if !one_format {
             self.add(x, y)?;
             return self.norm_matmul_many(p, x, norm, eps, w);
         }
@@ -334,18 +330,11 @@ impl Backend for CudaBackend {
     fn gated_matmul(
         &self,
         p: &CudaPass,
-        mut g: CudaSlice<f32>,
+        g: CudaSlice<f32>,
         u: &CudaSlice<f32>,
         gate: Gate,
         w: &DeviceWeights,
     ) -> Result<CudaSlice<f32>> {
-        if self.cublas_runs(&p.runs) {
-            match gate {
-                Gate::Silu => self.gpu.silu_mul(&mut g, u)?,
-                Gate::Gelu => self.gpu.gelu_mul(&mut g, u)?,
-            }
-            return self.matmul(p, w, &g);
-        }
         let acts = self.acts_for(&p.runs, &[w], g.len() / w.k, |a| self.gpu.gate_quantize(&g, u, gate, a))?;
         let [y] = self.matmul_acts(&p.runs, [w], &acts)?;
         Ok(y)
