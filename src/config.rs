@@ -206,6 +206,24 @@ mod tests {
     }
 
     #[test]
+    fn a_name_routes_to_one_model_only() {
+        let entry = |id: &str| ModelEntry { id: ModelId::new(id).unwrap(), path: "/m".into(), bytes: 1, modified: 0 };
+        let up = |flag: &str| UpstreamSpec::parse_flag(flag).unwrap();
+        let mut settings = BTreeMap::new();
+        settings
+            .insert(ModelId::new("smol").unwrap(), ModelSettings { aliases: vec!["s".into()], ..Default::default() });
+        let models = [entry("smol")];
+        assert!(check_names(&models, &settings, &[up("big=http://h")]).is_ok());
+        let e = check_names(&models, &settings, &[up("smol=http://h")]).unwrap_err().to_string();
+        assert!(e.contains("smol is taken by model smol"), "{e}");
+        let mut aliased = up("big=http://h");
+        aliased.aliases = vec!["s".into()];
+        assert!(check_names(&models, &settings, &[aliased]).unwrap_err().to_string().contains("the name s"));
+        let e = check_names(&[], &BTreeMap::new(), &[up("a=http://h"), up("a=http://i")]).unwrap_err();
+        assert!(e.to_string().contains("taken by model a"), "{e}");
+    }
+
+    #[test]
     fn the_command_line_wins_over_the_file() {
         let a = merged("port = 9000\nmodel-pool = 3\nkeep-alive = \"5m\"\n", &["--port", "7000"]);
         assert_eq!((a.port, a.model_pool), (7000, 3));
