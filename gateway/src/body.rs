@@ -1,12 +1,13 @@
-//! Gateway response bodies: a whole buffer, or an engine's response passed through
-//! frame by frame. The pass-through holds the request's pool lease or upstream replica
-//! claim (released when the body ends or the client goes away, which also drops the
-//! engine's or upstream's connection so it cancels), and turns an engine failure mid-body into the documented ending:
-//! for SSE a final `data: {"error":…}` event and then an aborted body (no `[DONE]`, no
-//! terminating chunk); otherwise an aborted body. The terminal event is written in the
-//! route's API shape. It also holds the request's in-flight guard, so shutdown waits
-//! until the last byte is out, and an optional `Tap` that sees every data frame before
-//! the client does (stored Responses capture their answer with it).
+//! Gateway response bodies: a whole buffer, or an engine's (or upstream's) response
+//! passed through frame by frame. The pass-through holds the request's pool lease or
+//! upstream replica claim (released when the body ends or the client goes away, which
+//! also drops the connection so the engine or upstream cancels), and turns a failure
+//! mid-body into the documented ending: for SSE a final `data: {"error":…}` event and
+//! then an aborted body (no `[DONE]`, no terminating chunk); otherwise an aborted body.
+//! The terminal event is written in the route's API shape. It also holds the request's
+//! in-flight guard, so shutdown waits until the last byte is out, and an optional `Tap`
+//! that sees every data frame before the client does (stored Responses capture their
+//! answer with it).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

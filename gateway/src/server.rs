@@ -47,7 +47,9 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
         // Not on `tasks`: the checks end with the stop token, before connections close.
         tokio::spawn(crate::upstream::checker::run(up.clone(), app.stop.clone()));
     }
-    for m in app.cfg.preload.clone() {
+    // Upstream models are not started here: their servers are not ours.
+    let local: Vec<String> = app.cfg.preload.iter().filter(|m| app.upstreams.find(m).is_none()).cloned().collect();
+    for m in local {
         let pool = app.pool.clone();
         tasks.spawn(async move {
             if let Err(e) = pool.preload(&m).await {
