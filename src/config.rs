@@ -19,6 +19,8 @@ use corral_pool::ModelSettings;
 use corral_pool::registry::{self, ModelEntry};
 use corral_protocol::ModelId;
 
+use corral_gateway::UpstreamSpec;
+
 use crate::config_file::{self, Config, ModelSource};
 use crate::serve::ServeArgs;
 
@@ -42,11 +44,13 @@ pub struct Source {
     pub argv: Vec<OsString>,
 }
 
-/// Settings and models, ready for the pool.
+/// Settings and models, ready for the pool (and, for upstream models, the gateway).
 pub struct Loaded {
     pub args: ServeArgs,
     pub models: Vec<ModelEntry>,
     pub settings: BTreeMap<ModelId, ModelSettings>,
+    /// `--upstream` flags, then the file's upstream tables.
+    pub upstreams: Vec<UpstreamSpec>,
 }
 
 pub fn serve_command() -> clap::Command {
@@ -72,8 +76,10 @@ impl Source {
             Err(e) => return Err(e).with_context(|| format!("reading config file {name}")),
         };
         let args = merge(&self.argv, &cfg)?;
-        let (models, settings) = models(&args, &cfg, &name)?;
-        Ok(Loaded { args, models, settings })
+        let upstreams = upstreams(&args, &cfg, &name)?;
+        let (models, settings) = models(&args, &cfg, &name, !upstreams.is_empty())?;
+        check_names(&models, &settings, &upstreams)?;
+        Ok(Loaded { args, models, settings, upstreams })
     }
 }
 
@@ -102,7 +108,12 @@ pub fn merge(argv: &[OsString], cfg: &Config) -> Result<ServeArgs> {
 /// The models to serve: `--model` flags and `[models.<id>]` tables with a `path` or
 /// `repo`; when there are none, the models directory and the Hugging Face cache. Tables
 /// without a source give settings to a model found that way. Then the query, if any.
-fn models(args: &ServeArgs, cfg: &Config, file: &str) -> Result<(Vec<ModelEntry>, BTreeMap<ModelId, ModelSettings>)> {
+fn models(
+    args: &ServeArgs,
+    cfg: &Config,
+    file: &str,
+    has_upstreams: bool,
+) -> Result<(Vec<ModelEntry>, BTreeMap<ModelId, ModelSettings>)> {
     let cache = crate::models::hf_cache_root();
     let cached = if cfg.models.iter().any(|m| matches!(m.source, Some(ModelSource::Hub { .. }))) {
         corral_hub::scan::scan(&cache)
@@ -113,7 +124,7 @@ fn models(args: &ServeArgs, cfg: &Config, file: &str) -> Result<(Vec<ModelEntry>
     for m in &cfg.models {
         let at = |what: String| format!("{file}:{}: [models.{}]: {what}", m.line, m.id);
         let path = match &m.source {
-            None => continue,
+            None | Some(ModelSource::Upstream(_)) => continue,
             Some(ModelSource::Path(p)) => p.clone(),
             Some(ModelSource::Hub { repo, file: f }) => cached
                 .iter()
@@ -128,18 +139,60 @@ fn models(args: &ServeArgs, cfg: &Config, file: &str) -> Result<(Vec<ModelEntry>
         };
         configured.push(registry::entry_as(&path, m.id.clone()).with_context(|| at("path".into()))?);
     }
-    let all = crate::serve::model_entries(args, configured)?;
+    let all = crate::serve::model_entries(args, configured, has_upstreams)?;
     for m in cfg.models.iter().filter(|m| m.source.is_none()) {
         if !all.iter().any(|e| e.id == m.id) {
             bail!("{file}:{}: [models.{}] has no `path` or `repo`, and no model has this id", m.line, m.id);
         }
     }
-    let settings = cfg.models.iter().map(|m| (m.id.clone(), m.settings.clone())).collect();
+    let settings = cfg
+        .models
+        .iter()
+        .filter(|m| !matches!(m.source, Some(ModelSource::Upstream(_))))
+        .map(|m| (m.id.clone(), m.settings.clone()))
+        .collect();
     let models = match &args.query {
-        Some(q) => registry::select(all, |e| &e.id, q)?,
-        None => all,
+        Some(q) if !(all.is_empty() && has_upstreams) => registry::select(all, |e| &e.id, q)?,
+        _ => all,
     };
     Ok((models, settings))
+}
+
+/// The upstream models: `--upstream` flags, then the file's tables with `upstream`.
+fn upstreams(args: &ServeArgs, cfg: &Config, file: &str) -> Result<Vec<UpstreamSpec>> {
+    let mut out: Vec<UpstreamSpec> = args.upstreams.clone();
+    for m in &cfg.models {
+        if let Some(ModelSource::Upstream(spec)) = &m.source {
+            if out.iter().any(|u| u.id == spec.id) {
+                bail!("{file}:{}: [models.{}]: this upstream is also given with --upstream", m.line, m.id);
+            }
+            out.push((**spec).clone());
+        }
+    }
+    if let Some(dup) = out.iter().enumerate().find(|(i, u)| out[..*i].iter().any(|o| o.id == u.id)) {
+        bail!("upstream model {} is given twice", dup.1.id);
+    }
+    Ok(out)
+}
+
+/// No name (id or alias) may route to two models, local or upstream.
+fn check_names(models: &[ModelEntry], settings: &BTreeMap<ModelId, ModelSettings>, ups: &[UpstreamSpec]) -> Result<()> {
+    let mut names: Vec<(&str, &str)> = Vec::new();
+    for m in models {
+        names.push((m.id.as_str(), m.id.as_str()));
+        for a in settings.get(&m.id).map_or(&[][..], |s| s.aliases.as_slice()) {
+            names.push((a, m.id.as_str()));
+        }
+    }
+    for u in ups {
+        for n in std::iter::once(u.id.as_str()).chain(u.aliases.iter().map(String::as_str)) {
+            if let Some((_, other)) = names.iter().find(|(taken, _)| *taken == n) {
+                bail!("the name {n} is taken by model {other} and by upstream model {}", u.id);
+            }
+            names.push((n, u.id.as_str()));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -150,6 +203,24 @@ mod tests {
         let cfg = config_file::parse("t.toml", file, &serve_command()).unwrap();
         let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
         merge(&argv, &cfg).unwrap()
+    }
+
+    #[test]
+    fn a_name_routes_to_one_model_only() {
+        let entry = |id: &str| ModelEntry { id: ModelId::new(id).unwrap(), path: "/m".into(), bytes: 1, modified: 0 };
+        let up = |flag: &str| UpstreamSpec::parse_flag(flag).unwrap();
+        let mut settings = BTreeMap::new();
+        settings
+            .insert(ModelId::new("smol").unwrap(), ModelSettings { aliases: vec!["s".into()], ..Default::default() });
+        let models = [entry("smol")];
+        assert!(check_names(&models, &settings, &[up("big=http://h")]).is_ok());
+        let e = check_names(&models, &settings, &[up("smol=http://h")]).unwrap_err().to_string();
+        assert!(e.contains("smol is taken by model smol"), "{e}");
+        let mut aliased = up("big=http://h");
+        aliased.aliases = vec!["s".into()];
+        assert!(check_names(&models, &settings, &[aliased]).unwrap_err().to_string().contains("the name s"));
+        let e = check_names(&[], &BTreeMap::new(), &[up("a=http://h"), up("a=http://i")]).unwrap_err();
+        assert!(e.to_string().contains("taken by model a"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `corral.toml`, parsed: text in, a `Config` out, nothing read or resolved here (the
 //! caller reads the file, resolves `repo` models in the Hugging Face cache and merges the
-//! options with the command line — `config.rs`).
+//! options with the command line — `config.rs`). A table with `upstream` names a model
+//! served by another server (its keys: `config_upstream.rs`).
 //!
 //! Top-level keys are `corral serve`'s long flag names, checked against the serve
 //! command itself (so a new flag is a new key with no list to keep in step), and turned
@@ -46,6 +47,8 @@ pub enum ModelSource {
         repo: String,
         file: String,
     },
+    /// Served by another OpenAI-compatible server (`config_upstream.rs`).
+    Upstream(Box<corral_gateway::UpstreamSpec>),
 }
 
 /// A `[models.<id>]` table.
@@ -188,9 +191,17 @@ fn model(id: &Spanned<std::borrow::Cow<'_, str>>, table: &Spanned<DeValue<'_>>) 
     };
     let mut s = ModelSettings::default();
     let (mut path, mut repo, mut file) = (None, None, None);
+    let mut upstream = crate::config_upstream::Keys::default();
+    let mut local_keys: Vec<&str> = Vec::new();
     for (k, v) in t {
         let key = k.get_ref().as_ref();
         let at = |m: String| (v.span(), format!("[models.{name}] `{key}`: {m}"));
+        if upstream.take(key, v.get_ref()).map_err(at)? {
+            continue;
+        }
+        if let Some(known) = MODEL_KEYS.iter().find(|m| **m == key) {
+            local_keys.push(known);
+        }
         let text = || v.get_ref().as_str().map(str::to_owned).ok_or_else(|| at("must be a string".into()));
         let int = |lo: i64, hi: i64| match v.get_ref() {
             DeValue::Integer(i) => integer(i.as_str(), i.radix())
@@ -230,10 +241,25 @@ fn model(id: &Spanned<std::borrow::Cow<'_, str>>, table: &Spanned<DeValue<'_>>) 
             _ => {
                 return Err((
                     k.span(),
-                    format!("unknown key `{key}` in [models.{name}] (known: {})", MODEL_KEYS.join(", ")),
+                    format!(
+                        "unknown key `{key}` in [models.{name}] (known: {}; for an upstream model: {})",
+                        MODEL_KEYS.join(", "),
+                        crate::config_upstream::KEYS.join(", ")
+                    ),
                 ));
             }
         }
+    }
+    let spec = upstream
+        .finish(&model_id, &s.aliases, &local_keys)
+        .map_err(|m| (id.span(), format!("[models.{name}]: {m}")))?;
+    if let Some(spec) = spec {
+        return Ok(ModelSpec {
+            id: model_id,
+            line: 0,
+            source: Some(ModelSource::Upstream(Box::new(spec))),
+            settings: s,
+        });
     }
     let source = match (path, repo, file) {
         (Some(p), None, None) => Some(ModelSource::Path(p)),

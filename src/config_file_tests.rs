@@ -125,3 +125,58 @@ fn empty_file_is_empty_config() {
     assert_eq!(parse_ok(""), Config::default());
     assert_eq!(parse_ok("# nothing\n"), Config::default());
 }
+
+#[test]
+fn an_upstream_table_names_its_replicas_key_timeouts_and_apis() {
+    let c = parse_ok(
+        r#"upstream = ["quick=http://q:8000"]
+
+[models.big]
+upstream = ["http://gpu1:8000/v1", "https://gpu2.lan"]
+upstream-model = "meta-llama/Llama-3.1-70B-Instruct"
+api-key-env = "VLLM_KEY"
+aliases = ["llama-70b"]
+connect-timeout = "2s"
+timeout = 900
+health-interval = "500ms"
+apis = ["chat", "completions", "responses"]
+
+[models.one]
+upstream = "http://h:1"
+"#,
+    );
+    assert_eq!(args(&c), ["--upstream=quick=http://q:8000"], "the flag's key works too");
+    let Some(ModelSource::Upstream(s)) = &c.models[0].source else { panic!("{:?}", c.models[0]) };
+    let urls: Vec<String> = s.replicas.iter().map(ToString::to_string).collect();
+    assert_eq!(urls, ["http://gpu1:8000", "https://gpu2.lan"]);
+    assert_eq!((s.remote_name(), s.api_key_env.as_deref()), ("meta-llama/Llama-3.1-70B-Instruct", Some("VLLM_KEY")));
+    assert_eq!(s.aliases, ["llama-70b"]);
+    use std::time::Duration;
+    assert_eq!(
+        (s.connect_timeout, s.timeout, s.health_interval),
+        (Duration::from_secs(2), Some(Duration::from_secs(900)), Duration::from_millis(500))
+    );
+    use corral_gateway::Api;
+    assert_eq!(s.apis.as_deref(), Some(&[Api::Chat, Api::Completions, Api::Responses][..]));
+    let Some(ModelSource::Upstream(one)) = &c.models[1].source else { panic!() };
+    assert_eq!((one.remote_name(), one.apis.as_ref(), one.timeout), ("one", None, None));
+}
+
+#[test]
+fn an_upstream_table_takes_no_local_keys_and_its_keys_need_upstream() {
+    let e = parse_err("[models.a]\nupstream = \"http://h\"\nctx = 4096\n");
+    assert!(e.contains("`ctx` does not apply to an upstream model"), "{e}");
+    let e = parse_err("[models.a]\nupstream = \"http://h\"\npath = \"/m.gguf\"\n");
+    assert!(e.contains("`path` does not apply"), "{e}");
+    let e = parse_err("[models.a]\npath = \"/m.gguf\"\napi-key-env = \"K\"\n");
+    assert!(e.contains("no `upstream` URL"), "{e}");
+    assert!(parse_err("[models.a]\nupstream = \"h:1\"\n").contains("no scheme"));
+    assert!(parse_err("[models.a]\nupstream = []\n").contains("at least one URL"));
+    assert!(parse_err("[models.a]\nupstream = \"http://h\"\napis = [\"embeddings\"]\n").contains("unknown API"));
+    assert!(parse_err("[models.a]\nupstream = \"http://h\"\ntimeout = \"0s\"\n").contains("more than 0"));
+    let e = parse_err("[models.a]\nupstream = \"http://h\"\napi-key-env = \"K=sk-123\"\n");
+    assert!(e.contains("name of an environment variable") && !e.contains("sk-123"), "{e}");
+    let e = parse_err("upstream = [\"nourl\"]\n");
+    assert!(e.contains("`upstream`") && e.contains("ID=URL"), "{e}");
+    assert!(parse_err("[models.a]\nfoo = 1\n").contains("for an upstream model: upstream, upstream-model"));
+}

@@ -4,6 +4,7 @@ mod bench;
 mod client;
 mod config;
 mod config_file;
+mod config_upstream;
 mod controls;
 mod engine_cmd;
 mod fit;

@@ -2,14 +2,15 @@
 //! (`Pool::reconfigure`: new models added, dropped ones drained and stopped, engines
 //! started afterwards get the new options). A file that does not parse, or names a model
 //! that is not there, changes nothing: the error is logged and the old config stays.
-//! Options that shape the server itself (address, pool size, timeouts) take a restart.
+//! Options that shape the server itself (address, pool size, timeouts) and the upstream
+//! models take a restart.
 
 use corral_pool::Pool;
 
 use crate::config::Source;
 
 /// Reload on every SIGHUP until the runtime ends.
-pub async fn on_sighup(source: Source, pool: Pool) {
+pub async fn on_sighup(source: Source, pool: Pool, upstreams: Vec<corral_gateway::UpstreamSpec>) {
     let mut hangups = match corral_net::signals::watch_hangup() {
         Ok(rx) => rx,
         Err(e) => {
@@ -31,6 +32,9 @@ pub async fn on_sighup(source: Source, pool: Pool) {
                 continue;
             }
         };
+        if loaded.upstreams != upstreams {
+            tracing::warn!(file = %source.file.display(), "upstream models changed in the config; that takes a restart");
+        }
         let cfg = pool.config();
         let options = crate::serve::engine_options(&loaded.args, cfg.memory_budget, cfg.cap);
         let changes = pool.reconfigure(loaded.models, loaded.settings, options);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use corral_gateway::{ApiKey, Cors, GatewayConfig, StoreConfig};
+use corral_gateway::{ApiKey, Cors, GatewayConfig, StoreConfig, UpstreamSpec};
 use corral_net::dirs::{self, Access, SocketState};
 use corral_pool::registry::{self, ModelEntry};
 use corral_pool::{Pool, PoolConfig};
@@ -35,6 +35,12 @@ pub struct ServeArgs {
     /// A model to serve: `PATH` (id = file stem) or `ID=PATH`. Repeatable.
     #[arg(long = "model", value_name = "[ID=]PATH")]
     pub(crate) models: Vec<String>,
+    /// A model served by another OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp,
+    /// another corral): `ID=URL[,URL…]`, one base URL per replica. Repeatable. Its key,
+    /// timeouts and the upstream's own model name go in the config file's
+    /// `[models.<id>]` table.
+    #[arg(long = "upstream", value_name = "ID=URL[,URL…]", value_parser = UpstreamSpec::parse_flag)]
+    pub(crate) upstreams: Vec<UpstreamSpec>,
     /// Serve every .gguf here (and every GGUF in the Hugging Face cache) when no --model
     /// is given.
     #[arg(long, env = "CORRAL_MODELS_DIR")]
@@ -188,9 +194,13 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
     parse_duration(s).and_then(|d| if d.is_zero() { Err("must be more than 0".into()) } else { Ok(d) })
 }
 
-/// `--model` flags, then `configured` (the config file's); if none, every model found.
-/// The query is the caller's.
-pub(crate) fn model_entries(args: &ServeArgs, configured: Vec<ModelEntry>) -> Result<Vec<ModelEntry>> {
+/// `--model` flags, then `configured` (the config file's); if none, every model found
+/// (none at all is an error unless there are upstream models). The query is the caller's.
+pub(crate) fn model_entries(
+    args: &ServeArgs,
+    configured: Vec<ModelEntry>,
+    has_upstreams: bool,
+) -> Result<Vec<ModelEntry>> {
     let mut out: Vec<ModelEntry> = Vec::new();
     for m in &args.models {
         let (id, path) = match m.split_once('=') {
@@ -215,7 +225,7 @@ pub(crate) fn model_entries(args: &ServeArgs, configured: Vec<ModelEntry>) -> Re
     if out.is_empty() {
         let dir = args.models_dir.clone().unwrap_or_else(registry::default_models_dir);
         out = crate::models::discover(&dir)?.into_iter().map(|k| k.entry).collect();
-        if out.is_empty() {
+        if out.is_empty() && !has_upstreams {
             bail!(
                 "no models: none in {} or in the Hugging Face cache {}, and no --model or [models] given (corral pull ORG/REPO fetches one)",
                 dir.display(),
@@ -285,7 +295,7 @@ pub(crate) fn engine_options(args: &ServeArgs, memory_budget: u64, cap: usize) -
 
 pub fn serve(args: ServeArgs) -> Result<i32> {
     let source = crate::config::Source::from_process(args.config.clone());
-    let crate::config::Loaded { args, models, settings } = source.load()?;
+    let crate::config::Loaded { args, models, settings, upstreams } = source.load()?;
     if args.isolate {
         tracing::debug!("--isolate: every engine is its own process already");
     }
@@ -341,12 +351,13 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
         max_connections: args.max_connections,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
+        upstreams: upstreams.clone(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let pool = Pool::new(pool_cfg)?;
         // Ends with the runtime: it holds nothing that needs a clean stop.
-        tokio::spawn(crate::reload::on_sighup(source, pool.clone()));
+        tokio::spawn(crate::reload::on_sighup(source, pool.clone(), upstreams));
         corral_gateway::run(gw, pool).await
     })
     .map_err(Into::into)

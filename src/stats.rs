@@ -248,7 +248,7 @@ mod tests {
             ("gemma".to_owned(), EngineEntry::Stale { stale: true, error: "timed out".into() }),
             ("smol".to_owned(), EngineEntry::Live(Box::new(smol))),
         ]);
-        StatsView { gateway, engines }
+        StatsView { gateway, engines, upstreams: Default::default() }
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The gateway's shared state: its configuration, the pool, its counters, the stored
-//! Responses, and the two
+//! The gateway's shared state: its configuration, the pool, the upstream models, its
+//! counters, the stored Responses, and the two
 //! controls shutdown uses — the stop token (no new work is admitted once it is
 //! cancelled) and the in-flight gauge (every proxied request, from admission until its
 //! last byte is out, so shutdown waits for exactly the work that exists).
@@ -18,6 +18,7 @@ use crate::cors::Cors;
 use crate::guard::Guard;
 use crate::stats::GatewayStats;
 use crate::stored::{ResponseStore, StoreConfig};
+use crate::upstream::Upstreams;
 
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
@@ -51,11 +52,15 @@ pub struct GatewayConfig {
     pub header_timeout: Duration,
     /// A request body with no bytes for this long: 408.
     pub body_timeout: Duration,
+    /// Models served by forwarding to another server (`upstream/`).
+    pub upstreams: Vec<crate::upstream::spec::UpstreamSpec>,
 }
 
 pub struct App {
     pub cfg: GatewayConfig,
     pub pool: Pool,
+    /// Upstream models (never in the pool).
+    pub upstreams: Upstreams,
     pub stats: GatewayStats,
     pub responses: Arc<ResponseStore>,
     /// Cancelled when shutdown begins.
@@ -69,13 +74,14 @@ pub struct App {
 
 impl App {
     /// The gateway's state once it is listening on `bound`.
-    pub fn new(cfg: GatewayConfig, pool: Pool, bound: SocketAddr) -> Arc<Self> {
+    pub fn new(cfg: GatewayConfig, pool: Pool, upstreams: Upstreams, bound: SocketAddr) -> Arc<Self> {
         let responses = Arc::new(ResponseStore::open(cfg.responses.clone()));
         let guard = Guard::new(bound, &cfg.allow_hosts, cfg.cors.clone());
         Arc::new(Self {
             guard,
             cfg,
             pool,
+            upstreams,
             responses,
             stats: GatewayStats::new(),
             stop: CancellationToken::new(),

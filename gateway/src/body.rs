@@ -1,12 +1,13 @@
-//! Gateway response bodies: a whole buffer, or an engine's response passed through
-//! frame by frame. The pass-through holds the request's pool lease (released when the
-//! body ends or the client goes away, which also drops the engine connection so the
-//! engine cancels), and turns an engine failure mid-body into the documented ending:
-//! for SSE a final `data: {"error":…}` event and then an aborted body (no `[DONE]`, no
-//! terminating chunk); otherwise an aborted body. The terminal event is written in the
-//! route's API shape. It also holds the request's in-flight guard, so shutdown waits
-//! until the last byte is out, and an optional `Tap` that sees every data frame before
-//! the client does (stored Responses capture their answer with it).
+//! Gateway response bodies: a whole buffer, or an engine's (or upstream's) response
+//! passed through frame by frame. The pass-through holds the request's pool lease or
+//! upstream replica claim (released when the body ends or the client goes away, which
+//! also drops the connection so the engine or upstream cancels), and turns a failure
+//! mid-body into the documented ending: for SSE a final `data: {"error":…}` event and
+//! then an aborted body (no `[DONE]`, no terminating chunk); otherwise an aborted body.
+//! The terminal event is written in the route's API shape. It also holds the request's
+//! in-flight guard, so shutdown waits until the last byte is out, and an optional `Tap`
+//! that sees every data frame before the client does (stored Responses capture their
+//! answer with it).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -14,7 +15,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_net::gauge::Guard;
-use corral_pool::Lease;
 use corral_protocol::ApiShape;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 
@@ -47,15 +47,20 @@ pub trait Tap: Send {
 /// it, recycle the engine if it is to blame).
 pub type OnFailure = Box<dyn FnOnce(&ProxyError) + Send>;
 
+/// What a pass-through body holds until it ends: an engine's pool lease, or an upstream
+/// replica's in-flight count. Dropping it gives it back.
+pub type Claim = Box<dyn Send>;
+
 pub struct ProxyBody {
     upstream: Incoming,
     /// Released when the body ends, fails or is dropped (the client went away).
-    lease: Option<Lease>,
+    lease: Option<Claim>,
     guard: Option<Guard>,
     sse: bool,
     shape: ApiShape,
     stall: Duration,
     on_failure: Option<OnFailure>,
+    who: &'static str,
     tap: Option<Box<dyn Tap>>,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     state: PassState,
@@ -77,18 +82,21 @@ pub struct Ending {
     pub shape: ApiShape,
     pub stall: Duration,
     pub on_failure: OnFailure,
+    /// Who is named in the terminal error (`proxy_error::ENGINE` or `UPSTREAM`).
+    pub who: &'static str,
 }
 
 impl ProxyBody {
-    pub fn new(upstream: Incoming, lease: Lease, guard: Guard, ending: Ending, tap: Option<Box<dyn Tap>>) -> Self {
+    pub fn new(upstream: Incoming, claim: Claim, guard: Guard, ending: Ending, tap: Option<Box<dyn Tap>>) -> Self {
         Self {
             upstream,
-            lease: Some(lease),
+            lease: Some(claim),
             guard: Some(guard),
             sse: ending.sse,
             shape: ending.shape,
             stall: ending.stall,
             on_failure: Some(ending.on_failure),
+            who: ending.who,
             tap,
             timer: None,
             state: PassState::Open,
@@ -102,6 +110,7 @@ impl ProxyBody {
     }
 
     fn fail(&mut self, err: ProxyError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let err = err.by(self.who);
         if let Some(f) = self.on_failure.take() {
             f(&err);
         }

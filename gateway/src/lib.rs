@@ -14,7 +14,8 @@
 //! interactive start), `guard` (the Host and Origin rules every request passes first),
 //! `cors` (cross-origin headers and preflights for `--allow-origin`), `auth` (the API
 //! key and the rule that a non-loopback bind needs one), `server` (process lifetime,
-//! connection limits and shutdown).
+//! connection limits and shutdown), `target` (a request's model: local or upstream),
+//! `upstream/` (models served by forwarding to another OpenAI-compatible server).
 //! Dependencies point one way:
 //! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`;
 //! `monitor → metrics`.
@@ -36,10 +37,13 @@ pub mod server;
 pub mod stats;
 pub mod stored;
 pub mod stored_routes;
+pub mod target;
 pub mod ui;
+pub mod upstream;
 
 pub use app::GatewayConfig;
 pub use auth::ApiKey;
 pub use cors::Cors;
 pub use server::run;
 pub use stored::StoreConfig;
+pub use upstream::spec::{Api, Base, UpstreamSpec};

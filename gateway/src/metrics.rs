@@ -39,6 +39,26 @@ pub struct PoolFigures {
     pub switch_seconds: Histogram,
 }
 
+/// One replica of an upstream model at the time of a scrape.
+#[derive(Debug, Default)]
+pub struct ReplicaFigures {
+    /// Its base URL (never holds credentials).
+    pub url: String,
+    pub up: bool,
+    pub in_flight: u64,
+    pub requests: u64,
+    pub failures: u64,
+    pub response_seconds: Histogram,
+}
+
+/// One upstream model at the time of a scrape.
+#[derive(Debug, Default)]
+pub struct UpstreamFigures {
+    pub model: String,
+    pub retries: u64,
+    pub replicas: Vec<ReplicaFigures>,
+}
+
 /// Everything one `/metrics` answer shows.
 #[derive(Debug, Default)]
 pub struct Scrape {
@@ -49,6 +69,7 @@ pub struct Scrape {
     pub pool: PoolFigures,
     /// Each ready engine's `/admin/stats`, or why it did not answer.
     pub engines: BTreeMap<String, EngineEntry>,
+    pub upstreams: Vec<UpstreamFigures>,
 }
 
 /// The exposition text of one scrape.
@@ -123,6 +144,51 @@ impl Families {
     fn ssd(&self) -> impl Iterator<Item = (&str, &SsdCacheStats)> {
         self.live().filter_map(|(m, e)| Some((m, e.ssd_cache.as_ref()?)))
     }
+
+    fn replicas(&self) -> impl Iterator<Item = (Labels, &ReplicaFigures)> {
+        self.0
+            .upstreams
+            .iter()
+            .flat_map(|u| u.replicas.iter().map(|r| (vec![("model", u.model.clone()), ("replica", r.url.clone())], r)))
+    }
+
+    /// The upstream models' families.
+    fn encode_upstreams(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let per = |f: fn(&ReplicaFigures) -> u64| self.replicas().map(move |(l, r)| (l, f(r)));
+        gauge(
+            e,
+            "upstream_up",
+            "1 while an upstream replica takes requests (its last check or request succeeded).",
+            per(|r| u64::from(r.up)),
+        )?;
+        gauge(e, "upstream_in_flight", "Requests in flight on an upstream replica.", per(|r| r.in_flight))?;
+        counter(
+            e,
+            "upstream_requests",
+            "Exchanges with an upstream replica that got a response head.",
+            per(|r| r.requests),
+        )?;
+        counter(
+            e,
+            "upstream_failures",
+            "Exchanges with an upstream replica that failed (before the head, a timeout, mid-body).",
+            per(|r| r.failures),
+        )?;
+        let retries = self.0.upstreams.iter().map(|u| (model(&u.model), u.retries));
+        counter(
+            e,
+            "upstream_retries",
+            "Requests sent on to another replica after one failed before answering.",
+            retries,
+        )?;
+        let lat = self.replicas().map(|(l, r)| (l, &r.response_seconds));
+        histogram(
+            e,
+            "upstream_response_seconds",
+            "Time from sending a request to an upstream replica to its response head.",
+            lat,
+        )
+    }
 }
 
 impl Collector for Families {
@@ -193,7 +259,7 @@ impl Collector for Families {
         for (name, help, f) in SSD_GAUGES {
             gauge(e, name, help, self.ssd().map(|(m, st)| (model(m), f(st))))?;
         }
-        Ok(())
+        self.encode_upstreams(e)
     }
 }
 

@@ -44,7 +44,46 @@ fn scrape() -> Scrape {
         proxy_errors: 0,
         pool: PoolFigures { resident: 3, spawns: 4, respawns: 1, evictions: 1, crashes: 1, switch_seconds },
         engines,
+        upstreams: vec![upstream()],
     }
+}
+
+fn upstream() -> UpstreamFigures {
+    let mut lat = Histogram::new(&[0.01, 0.1]);
+    lat.observe(0.004);
+    lat.observe(0.05);
+    let replica = |url: &str, up, in_flight, requests, failures, h: &Histogram| ReplicaFigures {
+        url: url.into(),
+        up,
+        in_flight,
+        requests,
+        failures,
+        response_seconds: h.clone(),
+    };
+    UpstreamFigures {
+        model: "big".into(),
+        retries: 3,
+        replicas: vec![
+            replica("http://10.0.0.1:8000", true, 2, 40, 0, &lat),
+            replica("https://b.example:443/v1x", false, 0, 7, 5, &Histogram::new(&[0.01, 0.1])),
+        ],
+    }
+}
+
+#[test]
+fn upstream_replicas_are_labelled_by_model_and_url() {
+    let text = render(scrape()).unwrap();
+    let p = Parsed::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+    let get = |name, labels: &[(&str, &str)]| value(&p, name, ValueType::Sample, labels);
+    let a = [("model", "big"), ("replica", "http://10.0.0.1:8000")];
+    let b = [("model", "big"), ("replica", "https://b.example:443/v1x")];
+    assert_eq!((get("corral_upstream_up", &a), get("corral_upstream_up", &b)), (Some(1.0), Some(0.0)));
+    assert_eq!(get("corral_upstream_in_flight", &a), Some(2.0));
+    assert_eq!(get("corral_upstream_requests_total", &b), Some(7.0));
+    assert_eq!(get("corral_upstream_failures_total", &b), Some(5.0));
+    assert_eq!(get("corral_upstream_retries_total", &[("model", "big")]), Some(3.0));
+    assert_eq!(value(&p, "corral_upstream_response_seconds", ValueType::Count, &a), Some(2.0));
+    assert_eq!(value(&p, "corral_upstream_response_seconds", ValueType::Count, &b), Some(0.0));
 }
 
 /// The value of `name`'s sample (its `_sum`/`_count` for `kind`) with these labels.

@@ -38,9 +38,23 @@ fn answer(app: &App, model: &str, result: Result<(), corral_pool::LeaseError>) -
     }
 }
 
+/// An upstream model is neither loaded nor unloaded here: its servers are not ours.
+fn upstream_refusal(app: &App, model: &str) -> Option<Response<Body>> {
+    let up = app.upstreams.find(model)?;
+    let e = ApiError::new(
+        corral_protocol::ErrorKind::InvalidRequest,
+        format!("model {} is served by an upstream server; corral does not load or unload it", up.id()),
+    )
+    .with_param("model");
+    Some(respond::error(ApiShape::OpenAi, &e))
+}
+
 pub async fn load(app: &Arc<App>, path: &str) -> Response<Body> {
     let model = model_of(path);
     tracing::Span::current().record("model", model);
+    if let Some(r) = upstream_refusal(app, model) {
+        return r;
+    }
     let t = std::time::Instant::now();
     let result = app.pool.load(model).await;
     if result.is_ok() {
@@ -52,6 +66,9 @@ pub async fn load(app: &Arc<App>, path: &str) -> Response<Body> {
 pub async fn unload(app: &Arc<App>, path: &str) -> Response<Body> {
     let model = model_of(path);
     tracing::Span::current().record("model", model);
+    if let Some(r) = upstream_refusal(app, model) {
+        return r;
+    }
     let t = std::time::Instant::now();
     let result = app.pool.unload(model).await;
     if let Ok(state) = &result {

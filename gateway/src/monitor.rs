@@ -1,4 +1,5 @@
-//! `GET /stats` and `GET /metrics`: the gateway's and the pool's counters plus each ready
+//! `GET /engine` and `/v1/models` (the pool's views with the upstream models beside
+//! them), `GET /stats` and `GET /metrics`: the gateway's and the pool's counters plus each ready
 //! engine's own (`/admin/stats` on its socket, typed by `protocol::engine_wire::EngineStats`).
 //! Engines are asked at once and a slow or dead one is shown as stale after
 //! `stats_timeout` instead of holding the answer up. `/stats` is JSON; `/metrics` is the
@@ -15,9 +16,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::App;
 use crate::body::Body;
-use crate::metrics::{self, PoolFigures, Scrape};
+use crate::metrics::{self, PoolFigures, ReplicaFigures, Scrape, UpstreamFigures};
 use crate::respond;
 use crate::stats::GatewayView;
+use crate::upstream::view::{self, UpstreamView};
+use crate::upstream::{Upstream, card};
+use corral_pool::PoolSnapshot;
+use corral_protocol::openai::ModelList;
 
 /// One engine in `/stats`. Read back (by `corral stats`) stale first: every field of
 /// `EngineStats` has a default, so any object would read as a live one.
@@ -33,6 +38,35 @@ pub enum EngineEntry {
 pub struct StatsView {
     pub gateway: GatewayView,
     pub engines: BTreeMap<String, EngineEntry>,
+    /// Upstream models by id.
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, UpstreamView>,
+}
+
+/// `GET /engine`: the pool's snapshot and the upstream models.
+#[derive(Debug, Serialize)]
+pub struct EnginesView {
+    #[serde(flatten)]
+    pub pool: PoolSnapshot,
+    pub upstreams: Vec<UpstreamView>,
+}
+
+pub fn engines_view(app: &App) -> EnginesView {
+    let mut pool = app.pool.snapshot();
+    // Requests without `model` go to the only model of all, local or upstream.
+    pool.pool.default = crate::target::default_model(app);
+    EnginesView { pool, upstreams: app.upstreams.0.iter().map(|u| view::of(u)).collect() }
+}
+
+/// `GET /v1/models`: the local models, then the upstream ones.
+pub fn models(app: &App) -> ModelList {
+    let mut list = app.pool.models();
+    list.data.extend(app.upstreams.0.iter().map(|u| card::card(u.id(), u.reported().as_ref(), u.up())));
+    list
+}
+
+fn upstream_views(app: &App) -> BTreeMap<String, UpstreamView> {
+    app.upstreams.0.iter().map(|u| (u.id().to_owned(), view::of(u))).collect()
 }
 
 async fn engine_stats(socket: std::path::PathBuf, timeout: std::time::Duration) -> EngineEntry {
@@ -66,7 +100,8 @@ async fn engines(app: &App) -> BTreeMap<String, EngineEntry> {
 pub async fn stats_route(app: &Arc<App>) -> Response<Body> {
     let gateway = app.stats.view(app.pool.counters(), app.in_flight.get());
     let engines = engines(app).await;
-    respond::json(serde_json::to_string(&StatsView { gateway, engines }).unwrap_or_default())
+    let upstreams = upstream_views(app);
+    respond::json(serde_json::to_string(&StatsView { gateway, engines, upstreams }).unwrap_or_default())
 }
 
 pub async fn metrics_route(app: &Arc<App>) -> Response<Body> {
@@ -86,6 +121,7 @@ pub async fn metrics_route(app: &Arc<App>) -> Response<Body> {
         proxy_errors: ld(&app.stats.proxy_errors),
         pool,
         engines: engines(app).await,
+        upstreams: app.upstreams.0.iter().map(|u| upstream_figures(u)).collect(),
     };
     match metrics::render(scrape) {
         Ok(text) => respond::text(metrics::CONTENT_TYPE, text),
@@ -95,6 +131,26 @@ pub async fn metrics_route(app: &Arc<App>) -> Response<Body> {
                 corral_protocol::ApiError::new(corral_protocol::ErrorKind::Internal, "metrics could not be written");
             respond::error(corral_protocol::ApiShape::OpenAi, &e)
         }
+    }
+}
+
+fn upstream_figures(u: &Upstream) -> UpstreamFigures {
+    use std::sync::atomic::Ordering::Relaxed;
+    UpstreamFigures {
+        model: u.id().to_owned(),
+        retries: u.retries.load(Relaxed),
+        replicas: u
+            .replicas
+            .iter()
+            .map(|r| ReplicaFigures {
+                url: r.base.to_string(),
+                up: r.health().state == crate::upstream::health::State::Up,
+                in_flight: r.in_flight() as u64,
+                requests: r.answered.load(Relaxed),
+                failures: r.failed.load(Relaxed),
+                response_seconds: r.latency().seconds,
+            })
+            .collect(),
     }
 }
 

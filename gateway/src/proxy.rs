@@ -1,4 +1,5 @@
-//! Forwarding a public request to its model's engine.
+//! Forwarding a public request to its model's engine (or, for an upstream model, to
+//! `upstream::forward`, which shares the pass-through).
 //!
 //! The body is read (bounded in size and time) only to find `model` and check the request
 //! bounds (`protocol::bounds`: `max_tokens`, `n`, stop strings); the bytes go to the engine unchanged
@@ -23,11 +24,12 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use crate::app::App;
-use crate::body::{Body, Ending, ProxyBody, Tap};
-use crate::proxy_error::{Kind, ProxyError};
+use crate::body::{Body, Claim, Ending, OnFailure, ProxyBody, Tap};
+use crate::proxy_error::{ENGINE, Kind, ProxyError};
 use crate::respond;
 use crate::routes::Route;
 use crate::stored_routes::{self, Capture};
+use crate::target::Target;
 
 /// Headers that describe one hop, not the message.
 const HOP: [HeaderName; 8] = [
@@ -41,7 +43,7 @@ const HOP: [HeaderName; 8] = [
     header::HOST,
 ];
 
-fn strip_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop(h: &mut HeaderMap) {
     for name in HOP.iter() {
         h.remove(name);
     }
@@ -57,27 +59,40 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
         }
     };
     // Only `model`, `stream` and the bounded fields are read; anything else about the
-    // body is the engine's to judge.
-    let (model, sse_wanted) = match Outline::read(&body, shape) {
-        Ok(o) => {
-            // Bounds are checked before any engine is chosen or started. count_tokens
-            // generates nothing: its engine ignores `max_tokens`.
-            if route != Route::CountTokens
-                && let Err(e) = o.check(shape)
-            {
-                return respond::error(shape, &e);
-            }
-            let streams = o.streams();
-            (o.model, streams)
-        }
+    // body is the engine's (or the upstream's) to judge.
+    let (model, sse_wanted, outline) = match Outline::read(&body, shape) {
+        Ok(o) => (o.model.clone(), o.streams(), Some(o)),
         // Not JSON, or not an object: no engine would take it, so none is started for it.
         // With several models the body must name one. With one model, an object of
         // another shape (`"model": 5`) goes to its engine, whose full parse names the field.
-        Err(e) if e.kind == ErrorKind::InvalidJson || !json_object(&body) || app.pool.default_model().is_none() => {
+        Err(e)
+            if e.kind == ErrorKind::InvalidJson
+                || !json_object(&body)
+                || crate::target::default_model(&app).is_none() =>
+        {
             return respond::error(shape, &e);
         }
-        Err(_) => (None, false),
+        Err(_) => (None, false, None),
     };
+    if let Some(m) = &model {
+        tracing::Span::current().record("model", m.as_str());
+    }
+    match crate::target::resolve(&app, model.as_deref()) {
+        Ok(Target::Local) => {}
+        // An upstream judges its own bounds (it may well take `n` > 1).
+        Ok(Target::Upstream(up)) => {
+            return crate::upstream::forward::forward(app, up, route, parts, body, sse_wanted, guard).await;
+        }
+        Err(e) => return respond::error(shape, &e.into()),
+    }
+    // Bounds are checked before any engine is chosen or started. count_tokens generates
+    // nothing: its engine ignores `max_tokens`.
+    if route != Route::CountTokens
+        && let Some(o) = &outline
+        && let Err(e) = o.check(shape)
+    {
+        return respond::error(shape, &e);
+    }
     // Responses: the stored conversation goes in, the answer is captured on its way out.
     let (body, mut capture) = if route == Route::Responses {
         match stored_routes::prepare(&app.responses, &mut parts.headers, body) {
@@ -87,9 +102,6 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
     } else {
         (body, None)
     };
-    if let Some(m) = &model {
-        tracing::Span::current().record("model", m.as_str());
-    }
     let mut refused_by: Option<u32> = None;
     loop {
         let lease = match app.pool.lease_avoiding(model.as_deref(), refused_by).await {
@@ -97,7 +109,20 @@ pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard:
             Err(e) => return respond::error(shape, &e.into()),
         };
         match send(&app, &lease, &parts, body.clone()).await {
-            Ok(resp) => return pass_through(&app, resp, lease, guard, (sse_wanted, shape), capture.take()),
+            Ok(resp) => {
+                let (app2, model, pid) = (app.clone(), lease.model.clone(), lease.pid);
+                let on_failure = Box::new(move |e: &ProxyError| {
+                    tracing::warn!(model = %model, pid, error = %e, "engine response failed mid-body");
+                    app2.stats.proxy_errors.fetch_add(1, Ordering::Relaxed);
+                    if e.kind.recycles_engine() {
+                        app2.pool.recycle(&model, pid);
+                    }
+                });
+                let claim = Box::new(lease);
+                let fwd =
+                    Forwarded { claim, guard, sse_wanted, shape, capture: capture.take(), on_failure, who: ENGINE };
+                return pass_through(&app, resp, fwd);
+            }
             Err(e) if e.kind.retry() && refused_by.is_none() => {
                 // Nothing reached the engine (it died or is being replaced): wait for one
                 // that is not this process, and send it there.
@@ -160,14 +185,22 @@ async fn send(
     }
 }
 
-fn pass_through(
-    app: &Arc<App>,
-    resp: Response<Incoming>,
-    lease: Lease,
-    guard: Guard,
-    (sse_wanted, shape): (bool, ApiShape),
-    capture: Option<Capture>,
-) -> Response<Body> {
+/// A response on its way back: what its body holds until it ends, and how it ends.
+pub(crate) struct Forwarded {
+    /// The pool lease or the upstream replica's claim.
+    pub claim: Claim,
+    pub guard: Guard,
+    pub sse_wanted: bool,
+    pub shape: ApiShape,
+    /// Stored Responses capture their answer on its way out.
+    pub capture: Option<Capture>,
+    /// Told about a failure after the head.
+    pub on_failure: OnFailure,
+    /// Who a terminal error names.
+    pub who: &'static str,
+}
+
+pub(crate) fn pass_through(app: &Arc<App>, resp: Response<Incoming>, f: Forwarded) -> Response<Body> {
     let (mut parts, upstream) = resp.into_parts();
     strip_hop(&mut parts.headers);
     let sse_answer = parts
@@ -175,23 +208,15 @@ fn pass_through(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let sse = sse_wanted || sse_answer;
+    let sse = f.sse_wanted || sse_answer;
     // Only a successful answer is stored.
-    let tap = capture.filter(|_| parts.status.is_success()).map(|mut c| {
+    let tap = f.capture.filter(|_| parts.status.is_success()).map(|mut c| {
         let len = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
         c.expect_len(if sse_answer { None } else { Some(len.unwrap_or(usize::MAX)) });
         Box::new(c) as Box<dyn Tap>
     });
-    let (app2, model, pid) = (app.clone(), lease.model.clone(), lease.pid);
-    let on_failure = Box::new(move |e: &ProxyError| {
-        tracing::warn!(model = %model, pid, error = %e, "engine response failed mid-body");
-        app2.stats.proxy_errors.fetch_add(1, Ordering::Relaxed);
-        if e.kind.recycles_engine() {
-            app2.pool.recycle(&model, pid);
-        }
-    });
-    let ending = Ending { sse, shape, stall: app.cfg.stall_timeout, on_failure };
-    let body = ProxyBody::new(upstream, lease, guard, ending, tap);
+    let ending = Ending { sse, shape: f.shape, stall: app.cfg.stall_timeout, on_failure: f.on_failure, who: f.who };
+    let body = ProxyBody::new(upstream, f.claim, f.guard, ending, tap);
     Response::from_parts(parts, Body::Proxy(Box::new(body)))
 }
 

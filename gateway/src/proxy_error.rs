@@ -13,6 +13,11 @@
 //! | `Body` | upstream | no | no | terminal SSE error event / cut body |
 //! | `Stall` | upstream | no | yes (it is hung) | terminal SSE error event / cut body |
 //! | `ClientGone` | downstream | no | no | nothing (the client left) |
+//!
+//! An upstream model (`upstream/`) follows the same table with replicas for engines: a
+//! failure before the head that may not have reached a generation (`Connect`, `Send`)
+//! is sent on to another replica, each replica at most once; nothing is recycled (the
+//! replica's health counts the failure instead).
 
 use corral_protocol::{ApiError, ErrorKind};
 
@@ -58,6 +63,12 @@ impl Kind {
     }
 
     /// Whether the engine is to blame and must be replaced.
+    /// Whether an upstream request may go on to another replica: nothing reached the
+    /// client yet, and the replica refused it or broke before answering.
+    pub fn retry_on_another_replica(self) -> bool {
+        matches!(self, Kind::Connect | Kind::Send)
+    }
+
     pub fn recycles_engine(self) -> bool {
         matches!(self, Kind::BadHead | Kind::HeadTimeout | Kind::Stall)
     }
@@ -78,25 +89,41 @@ impl Kind {
 pub struct ProxyError {
     pub kind: Kind,
     pub detail: String,
+    /// Who the client is told failed: `the engine` or `the upstream`.
+    pub who: &'static str,
 }
+
+pub const ENGINE: &str = "the engine";
+pub const UPSTREAM: &str = "the upstream";
 
 impl ProxyError {
     pub fn new(kind: Kind, detail: impl std::fmt::Display) -> Self {
-        Self { kind, detail: detail.to_string() }
+        Self { kind, detail: detail.to_string(), who: ENGINE }
+    }
+
+    /// The same failure, told as `who`'s.
+    pub fn by(mut self, who: &'static str) -> Self {
+        self.who = who;
+        self
     }
 
     pub fn to_api(&self) -> Option<ApiError> {
         let what = match self.kind {
-            Kind::Connect => "the engine is unreachable",
-            Kind::Build => "the gateway could not forward the request",
-            Kind::Send => "the engine failed before answering",
-            Kind::BadHead => "the engine sent a malformed response",
-            Kind::HeadTimeout => "the engine did not answer in time",
-            Kind::Body => "the engine failed mid-response",
-            Kind::Stall => "the engine stalled mid-response",
+            Kind::Connect => "is unreachable",
+            Kind::Build => {
+                return Some(ApiError::new(
+                    ErrorKind::Internal,
+                    format!("the gateway could not forward the request: {}", self.detail),
+                ));
+            }
+            Kind::Send => "failed before answering",
+            Kind::BadHead => "sent a malformed response",
+            Kind::HeadTimeout => "did not answer in time",
+            Kind::Body => "failed mid-response",
+            Kind::Stall => "stalled mid-response",
             Kind::ClientGone => return None,
         };
-        Some(ApiError::new(self.kind.api_kind()?, format!("{what}: {}", self.detail)))
+        Some(ApiError::new(self.kind.api_kind()?, format!("{} {what}: {}", self.who, self.detail)))
     }
 }
 
@@ -137,5 +164,27 @@ mod tests {
         }
         assert_eq!(ProxyError::new(Kind::ClientGone, "x").to_api(), None);
         assert!(ProxyError::new(Kind::Build, "bad header").to_api().unwrap().message.contains("bad header"));
+        let e = ProxyError::new(Kind::Connect, "refused").to_api().unwrap();
+        assert_eq!(e.message, "the engine is unreachable: refused");
+        let e = ProxyError::new(Kind::Stall, "nothing for 5 ms").by(UPSTREAM).to_api().unwrap();
+        assert_eq!(e.message, "the upstream stalled mid-response: nothing for 5 ms");
+    }
+
+    #[test]
+    fn only_failures_before_an_answer_go_on_to_another_replica() {
+        let on: Vec<Kind> = [
+            Kind::Connect,
+            Kind::Build,
+            Kind::Send,
+            Kind::BadHead,
+            Kind::HeadTimeout,
+            Kind::Body,
+            Kind::Stall,
+            Kind::ClientGone,
+        ]
+        .into_iter()
+        .filter(|k| k.retry_on_another_replica())
+        .collect();
+        assert_eq!(on, [Kind::Connect, Kind::Send]);
     }
 }

@@ -345,8 +345,8 @@ fn guard_refusal(shape: ApiShape, v: &Verdict) -> Response<Body> {
 async fn dispatch(app: &Arc<App>, route: Route, req: Request<Incoming>) -> Response<Body> {
     match route {
         Route::Health => respond::json(r#"{"status":"ok"}"#),
-        Route::Engine => respond::json(serde_json::to_string(&app.pool.snapshot()).unwrap_or_default()),
-        Route::Models => respond::json(serde_json::to_string(&app.pool.models()).unwrap_or_default()),
+        Route::Engine => respond::json(serde_json::to_string(&monitor::engines_view(app)).unwrap_or_default()),
+        Route::Models => respond::json(serde_json::to_string(&monitor::models(app)).unwrap_or_default()),
         Route::Stats => monitor::stats_route(app).await,
         Route::Metrics => monitor::metrics_route(app).await,
         Route::StoredResponse => stored_routes::by_id(app, req.method(), req.uri().path()),

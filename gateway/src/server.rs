@@ -30,17 +30,26 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
     if cfg.api_key.is_none() && !cfg.addr.ip().is_loopback() {
         tracing::warn!(addr = %cfg.addr, "serving without an API key on a non-loopback address (--insecure-no-api-key)");
     }
+    let upstreams = crate::upstream::Upstreams::new(cfg.upstreams.clone()).map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(cfg.addr).await?;
     let addr = listener.local_addr()?;
     let mut stops = signals::watch()?;
-    let app = App::new(cfg, pool, addr);
+    let app = App::new(cfg, pool, upstreams, addr);
     let tasks = TaskTracker::new();
     println!("{}", json!({"event": "listening", "addr": addr.to_string(), "pid": std::process::id()}));
     tracing::info!(addr = %addr, api_key = app.cfg.api_key.is_some(), cors = app.cfg.cors.enabled(), "gateway listening");
     if app.cfg.open_ui {
         crate::open::open_in_browser(&crate::open::chat_url(addr));
     }
-    for m in app.cfg.preload.clone() {
+    for up in &app.upstreams.0 {
+        let urls: Vec<String> = up.replicas.iter().map(|r| r.base.to_string()).collect();
+        tracing::info!(model = up.id(), replicas = ?urls, upstream_model = up.spec.remote_name(), "upstream model");
+        // Not on `tasks`: the checks end with the stop token, before connections close.
+        tokio::spawn(crate::upstream::checker::run(up.clone(), app.stop.clone()));
+    }
+    // Upstream models are not started here: their servers are not ours.
+    let local: Vec<String> = app.cfg.preload.iter().filter(|m| app.upstreams.find(m).is_none()).cloned().collect();
+    for m in local {
         let pool = app.pool.clone();
         tasks.spawn(async move {
             if let Err(e) = pool.preload(&m).await {

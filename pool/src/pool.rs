@@ -264,6 +264,16 @@ impl Pool {
         self.shared.lock().only()
     }
 
+    /// Whether a name is a live model's id or alias (no default applies).
+    pub fn has(&self, name: &str) -> bool {
+        self.shared.lock().find(name).is_some()
+    }
+
+    /// The live model ids, in the order given.
+    pub fn ids(&self) -> Vec<String> {
+        self.shared.lock().known()
+    }
+
     pub fn route(&self, requested: Option<&str>) -> Result<ModelId, LeaseError> {
         let g = self.shared.lock();
         if let Some(id) = requested.and_then(|name| g.find(name)) {

@@ -60,6 +60,8 @@ pub enum ErrorKind {
     ShuttingDown,
     /// A bug or an unexpected failure inside the server.
     Internal,
+    /// The model cannot be reached through this API (an upstream that does not offer it).
+    NotImplemented,
 }
 
 impl ErrorKind {
@@ -75,6 +77,7 @@ impl ErrorKind {
             PayloadTooLarge => 413,
             QueueFull => 429,
             Internal => 500,
+            NotImplemented => 501,
             EngineUnavailable => 502,
             EngineDraining | Overloaded | EngineCrashLoop | EngineConfig | EngineStartFailed | ShuttingDown => 503,
             EngineTimeout => 504,
@@ -83,6 +86,10 @@ impl ErrorKind {
 
     /// OpenAI's `type` field.
     pub fn type_str(self) -> &'static str {
+        if self == ErrorKind::NotImplemented {
+            // Not the server's fault: the request asks for what this model does not offer.
+            return "invalid_request_error";
+        }
         match self.status() {
             429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
@@ -117,11 +124,15 @@ impl ErrorKind {
             EngineTimeout => "engine_timeout",
             ShuttingDown => "shutting_down",
             Internal => "internal_error",
+            NotImplemented => "not_implemented",
         }
     }
 
     /// Anthropic's error `type` for this kind.
     pub fn anthropic_type(self) -> &'static str {
+        if self == ErrorKind::NotImplemented {
+            return "invalid_request_error";
+        }
         match self.status() {
             401 => "authentication_error",
             403 => "permission_error",
@@ -321,6 +332,12 @@ mod tests {
         assert_eq!(ErrorKind::EngineDraining.type_str(), "server_error");
         assert_eq!(ErrorKind::PayloadTooLarge.status(), 413);
         assert_eq!(ErrorKind::EngineCrashLoop.retry_after_secs(), Some(60));
+        let n = ErrorKind::NotImplemented;
+        assert_eq!(
+            (n.status(), n.code(), n.type_str(), n.anthropic_type()),
+            (501, "not_implemented", "invalid_request_error", "invalid_request_error")
+        );
+        assert_eq!(n.retry_after_secs(), None);
     }
 
     #[test]

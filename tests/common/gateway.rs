@@ -58,11 +58,16 @@ impl Gateway {
         Self::start_in_env(dir, args, &[])
     }
 
-    /// As `start_in`, with extra environment variables for the gateway.
+    /// As `start_in`, with extra environment variables for the gateway. `--port 0`
+    /// unless the arguments give a port.
     pub fn start_in_env(dir: TempDir, args: &[&str], envs: &[(&str, &str)]) -> Self {
         let run = dir.path().join("run");
         let mut cmd = Command::new(super::bin());
-        cmd.arg("serve").args(["--port", "0", "--runtime-dir"]).arg(&run).args(args);
+        cmd.arg("serve");
+        if !args.contains(&"--port") {
+            cmd.args(["--port", "0"]);
+        }
+        cmd.arg("--runtime-dir").arg(&run).args(args);
         if !args.iter().any(|a| *a == "--ssd-cache" || *a == "--no-ssd-cache") {
             cmd.arg("--ssd-cache").arg(dir.path().join("kv"));
         }

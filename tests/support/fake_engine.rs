@@ -11,6 +11,8 @@
 //! - `load_ms`: pretend loading takes this long
 //! - `exit_after_ready_ms`: exit (code 1) this long after becoming ready
 //! - `tokens`, `token_ms`: length and pace of every completion
+//! - `stamp`: each streamed token's text is `t<unix µs when sent> ` (scripts/bench-upstream
+//!   reads how long a token took to reach the client)
 //! - `crash_after_tokens`: SIGKILL itself after sending this many tokens
 //! - `hang_before_headers`: accept requests and never answer
 //! - `hang_after_tokens`: stop sending (keep the connection) after this many tokens
@@ -224,7 +226,12 @@ fn generate(s: &mut UnixStream, cfg: &Value, id: &str, req: &Value) {
     let pace = Duration::from_millis(cfg["token_ms"].as_u64().unwrap_or(5));
     let crash_after = cfg["crash_after_tokens"].as_u64();
     let hang_after = cfg["hang_after_tokens"].as_u64();
-    let chunk = |i: u64| json!({"id": "fake", "object": "chat.completion.chunk", "model": id, "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}, "finish_reason": null}]});
+    let stamp = cfg["stamp"].as_bool().unwrap_or(false);
+    let text = |i: u64| match stamp {
+        true => format!("t{} ", std::time::SystemTime::UNIX_EPOCH.elapsed().map_or(0, |d| d.as_micros())),
+        false => format!("tok{i} "),
+    };
+    let chunk = |i: u64| json!({"id": "fake", "object": "chat.completion.chunk", "model": id, "choices": [{"index": 0, "delta": {"content": text(i)}, "finish_reason": null}]});
     if req["stream"].as_bool().unwrap_or(false) {
         let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n");
         let mut send = |data: String| {
