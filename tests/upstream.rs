@@ -11,83 +11,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::gateway::{Gateway, wait_until};
-use common::http::{self, Response, Sse};
-use common::{GEMMA, SMOLLM, TempDir, model_path};
+use common::upstream::{
+    CLUSTER_KEY, FRONT_KEY, KEY_VAR, call, chat, front, replica, stream, streamed_text, upstream_of,
+};
+use common::{SMOLLM, TempDir, model_path};
 use prom_text_format_parser::{Scrape, ValueType};
 use serde_json::{Value, json};
-
-/// The front gateway's own key (clients use it).
-const FRONT_KEY: &str = "sk-front-5c1f0a";
-/// The replicas' key: the front gateway reads it from `KEY_VAR` and must never show it.
-const CLUSTER_KEY: &str = "sk-cluster-93ad0c77e1";
-const KEY_VAR: &str = "CORRAL_TEST_CLUSTER_KEY";
-
-fn call(addr: &str, method: &str, path: &str, body: Option<&Value>, key: &str) -> Response {
-    let auth = format!("Bearer {key}");
-    let body = body.map(|b| b.to_string().into_bytes());
-    http::request(http::tcp(addr), method, path, body.as_deref(), &[("authorization", &auth)])
-}
-
-fn stream(addr: &str, path: &str, body: &Value, key: &str) -> Sse {
-    let auth = format!("Bearer {key}");
-    Sse::open(http::tcp(addr), path, body.to_string().as_bytes(), &[("authorization", &auth)])
-}
-
-/// A replica: `corral serve` with SmolLM2 as `smol` (preloaded) and Gemma as `gemma`
-/// (never loaded: it makes `smol` a name the replica needs), behind `CLUSTER_KEY`.
-fn replica(port: Option<u16>) -> Gateway {
-    let smol = format!("smol={}", model_path(SMOLLM).display());
-    let gemma = format!("gemma={}", model_path(GEMMA).display());
-    let port = port.map(|p| p.to_string());
-    let mut args =
-        vec!["--model", &smol, "--model", &gemma, "--threads", "1", "--preload", "smol", "--api-key", CLUSTER_KEY];
-    if let Some(p) = &port {
-        args.extend(["--port", p]);
-    }
-    let gw = Gateway::start(&args);
-    let ready = wait_until(Duration::from_secs(60), || {
-        let e = call(&gw.addr, "GET", "/engine", None, CLUSTER_KEY).json();
-        e["engines"].as_array().unwrap().iter().any(|e| e["model"] == "smol" && e["state"] == "ready")
-    });
-    assert!(ready, "the replica's engine did not start: {}", gw.log());
-    gw
-}
-
-fn front(config: &str, dir: TempDir) -> Gateway {
-    let file = dir.path().join("corral.toml");
-    std::fs::write(&file, config).unwrap();
-    let none = dir.path().join("no-models");
-    let (file, none) = (file.display().to_string(), none.display().to_string());
-    let args = ["--config", &file, "--models-dir", &none, "--api-key", FRONT_KEY];
-    Gateway::start_in_env(dir, &args, &[(KEY_VAR, CLUSTER_KEY)])
-}
-
-fn chat(model: &str, max_tokens: u32) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "Name three colors."}],
-           "max_tokens": max_tokens, "temperature": 0})
-}
-
-fn upstream_of(front: &Gateway, model: &str) -> Value {
-    let e = call(&front.addr, "GET", "/engine", None, FRONT_KEY).json();
-    e["upstreams"].as_array().unwrap().iter().find(|u| u["model"] == model).cloned().unwrap_or(Value::Null)
-}
 
 fn replica_health(front: &Gateway, model: &str, url: &str) -> String {
     let u = upstream_of(front, model);
     let r = u["replicas"].as_array().unwrap().iter().find(|r| r["url"] == url).cloned().unwrap_or(Value::Null);
     r["health"].as_str().unwrap_or("").to_owned()
-}
-
-/// The text of a streamed chat completion, checking it ended with `[DONE]`.
-fn streamed_text(sse: &mut Sse) -> String {
-    assert_eq!(sse.status, 200);
-    let events = sse.collect();
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
-    events[..events.len() - 1]
-        .iter()
-        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
-        .collect()
 }
 
 fn chat_requests_of(gw: &Gateway) -> u64 {

@@ -93,6 +93,8 @@ pub mod fake_hub;
 pub mod gateway;
 pub mod http;
 pub mod procfs;
+pub mod tls_front;
+pub mod upstream;
 
 /// Collects a spawned child's stderr lines in the background and hands over the first
 /// line it prints on stdout (the rest of stdout is drained).

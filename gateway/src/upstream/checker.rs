@@ -13,14 +13,15 @@ use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::health::Seen;
-use super::{Upstream, card};
+use super::{Upstream, card, client};
 
 /// The most of a `/v1/models` answer read.
 const MAX_MODELS_BYTES: usize = 1 << 20;
 /// The longest a check may take (less when the interval is shorter).
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// An error and its causes, one line (hyper's own message alone says little).
+/// An error and its causes, one line (hyper's own message alone says little), and what
+/// to do about a TLS failure that does not say it.
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
@@ -28,6 +29,10 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         s.push_str(": ");
         s.push_str(&c.to_string());
         src = c.source();
+    }
+    if let Some(hint) = client::tls_hint(e) {
+        s.push_str(" — ");
+        s.push_str(hint);
     }
     s
 }

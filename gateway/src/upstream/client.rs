@@ -29,6 +29,27 @@ fn system_roots() -> (rustls::RootCertStore, usize) {
     (roots, added)
 }
 
+/// What to do about a TLS failure in `e`'s chain whose own text does not say it: rustls
+/// words an untrusted certificate as `invalid peer certificate: UnknownIssuer`.
+pub fn tls_hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)) = err.downcast_ref() {
+            return Some(
+                "the server's certificate is not signed by a CA this gateway trusts; for a private CA, point \
+                 SSL_CERT_FILE at a PEM bundle that holds it",
+            );
+        }
+        // rustls' error comes inside an io::Error inside another (tokio-rustls, then
+        // hyper-rustls), and an io::Error's `source()` skips what it wraps.
+        cur = match err.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner),
+            None => err.source(),
+        };
+    }
+    None
+}
+
 /// A client for one upstream. `tls`: it has an `https://` replica, so the system's roots
 /// must be there.
 pub fn build(connect_timeout: Duration, tls: bool) -> Result<HttpClient, String> {
@@ -65,4 +86,19 @@ pub fn build(connect_timeout: Duration, tls: bool) -> Result<HttpClient, String>
         .pool_timer(TokioTimer::new())
         .timer(TokioTimer::new())
         .build(connector))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_issuer_comes_with_what_to_do() {
+        let bad = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, bad));
+        assert!(tls_hint(&wrapped).is_some_and(|h| h.contains("SSL_CERT_FILE")));
+        let other = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls::Error::DecryptError);
+        assert_eq!(tls_hint(&other), None);
+        assert_eq!(tls_hint(&std::io::Error::from(std::io::ErrorKind::ConnectionRefused)), None);
+    }
 }
