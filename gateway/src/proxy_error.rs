@@ -131,6 +131,17 @@ impl ProxyError {
 mod tests {
     use super::*;
 
+    const ALL: [Kind; 8] = [
+        Kind::Connect,
+        Kind::Build,
+        Kind::Send,
+        Kind::BadHead,
+        Kind::HeadTimeout,
+        Kind::Body,
+        Kind::Stall,
+        Kind::ClientGone,
+    ];
+
     /// The table in the module comment, row by row.
     #[test]
     fn the_table() {
@@ -148,16 +159,7 @@ mod tests {
 
     #[test]
     fn only_upstream_faults_blame_the_engine() {
-        for k in [
-            Kind::Connect,
-            Kind::Build,
-            Kind::Send,
-            Kind::BadHead,
-            Kind::HeadTimeout,
-            Kind::Body,
-            Kind::Stall,
-            Kind::ClientGone,
-        ] {
+        for k in ALL {
             if k.recycles_engine() {
                 assert_eq!(k.side(), Side::Upstream, "{k:?}");
             }
@@ -172,19 +174,7 @@ mod tests {
 
     #[test]
     fn only_failures_before_an_answer_go_on_to_another_replica() {
-        let on: Vec<Kind> = [
-            Kind::Connect,
-            Kind::Build,
-            Kind::Send,
-            Kind::BadHead,
-            Kind::HeadTimeout,
-            Kind::Body,
-            Kind::Stall,
-            Kind::ClientGone,
-        ]
-        .into_iter()
-        .filter(|k| k.retry_on_another_replica())
-        .collect();
+        let on: Vec<Kind> = ALL.into_iter().filter(|k| k.retry_on_another_replica()).collect();
         assert_eq!(on, [Kind::Connect, Kind::Send]);
     }
 }
