@@ -140,7 +140,8 @@ mod tests {
     /// On the pool (enough rows) or not, every block is the one-block quantization.
     #[test]
     fn parallel_quantization_is_blockwise() {
-        let x: Vec<f32> = (0..300 * QK_K).map(|i| ((i * 7919 % 1013) as f32 - 500.0) / (1.0 + (i % 97) as f32)).collect();
+        let x: Vec<f32> =
+            (0..300 * QK_K).map(|i| ((i * 7919 % 1013) as f32 - 500.0) / (1.0 + (i % 97) as f32)).collect();
         let q1 = quantize_q8_1(&x);
         assert_eq!(q1.len(), x.len() / QK);
         for (b, q) in q1.iter().enumerate() {
