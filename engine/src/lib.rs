@@ -15,6 +15,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod grammar;
+pub mod heap;
 pub mod kernels;
 pub mod kv;
 pub mod model;

@@ -2,8 +2,10 @@
 //! from `CANDLE_NUM_THREADS` when the pool is first used; default is the number of
 //! physical cores.
 
-/// Set the compute thread count. Call once, at startup, before any model is loaded.
+/// Set the compute thread count (and the heap's handling of pass buffers,
+/// `crate::heap`). Call once, at startup, before any model is loaded.
 pub fn init(threads: Option<usize>) {
+    crate::heap::keep_freed_buffers();
     if let Some(n) = threads.filter(|&n| n > 0) {
         // SAFETY: called from `main` before any other thread exists, so nothing can read
         // the environment concurrently (the only requirement of `set_var`).

@@ -288,18 +288,18 @@ fn attend_one(
 fn softmax_in_place(scores: &mut [f32], lo: usize, max: f32) -> f32 {
     expf_shifted(scores, max);
     let mut sum = 0.0f64;
-    let mut chunk = [0.0f32; LANES];
-    let mut chunk_id = lo / LANES;
-    for (i, s) in scores.iter().enumerate() {
-        let j = lo + i;
-        if j / LANES != chunk_id {
-            sum += reduce16(&chunk) as f64;
-            chunk = [0.0; LANES];
-            chunk_id = j / LANES;
+    // Whole chunks at a time (copied, not element by element with a test on each).
+    let mut j = lo;
+    loop {
+        let end = ((j / LANES + 1) * LANES).min(lo + scores.len());
+        let mut chunk = [0.0f32; LANES];
+        chunk[j % LANES..][..end - j].copy_from_slice(&scores[j - lo..end - lo]);
+        sum += reduce16(&chunk) as f64;
+        if end == lo + scores.len() {
+            break;
         }
-        chunk[j % LANES] = *s;
+        j = end;
     }
-    sum += reduce16(&chunk) as f64;
     (1.0 / sum) as f32
 }
 
@@ -368,6 +368,30 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The chunk sums are over 16-lane chunks aligned to absolute position 0, with
+    /// zeros where a chunk has no visible position.
+    #[test]
+    fn softmax_sums_position_aligned_chunks() {
+        for (lo, n) in [(0, 1), (0, 16), (5, 3), (13, 40), (16, 16), (31, 1), (7, 100)] {
+            let xs: Vec<f32> = (0..n).map(|i| ((i * 7919 % 101) as f32 - 50.0) / 7.0).collect();
+            let max = xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let mut got = xs.clone();
+            let inv = softmax_in_place(&mut got, lo, max);
+            let mut e = xs.clone();
+            expf_shifted(&mut e, max);
+            assert_eq!(got, e);
+            let mut sum = 0.0f64;
+            for c in lo / LANES..=(lo + n - 1) / LANES {
+                let chunk: [f32; LANES] = std::array::from_fn(|l| {
+                    let j = c * LANES + l;
+                    if j >= lo && j < lo + n { e[j - lo] } else { 0.0 }
+                });
+                sum += reduce16(&chunk) as f64;
+            }
+            assert_eq!(inv.to_bits(), ((1.0 / sum) as f32).to_bits(), "lo {lo} n {n}");
         }
     }
 

@@ -20,6 +20,7 @@ mod kquants;
 mod krows;
 mod simd;
 mod stream;
+mod tile;
 
 use candle_core::quantized::GgmlDType;
 
@@ -125,9 +126,13 @@ impl QuantMatMul {
     /// Columns `c * COLS ..` (fewer at the end) into `tile`, `[column][row]`.
     fn chunk(&self, acts: &Acts, m: usize, c: usize, tile: &mut [f32]) {
         match (&self.w, acts) {
-            (Weights::Q4_1(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q4_1()),
-            (Weights::Q5_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q5_0()),
-            (Weights::Q8_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0()),
+            (Weights::Q4_1(w), Acts::Q8(a, _, q)) => {
+                self.chunk4(w, a, m, c, tile, dot::dots_q4_1(), q.as_ref().zip(tile::q4_1()))
+            }
+            (Weights::Q5_0(w), Acts::Q8(a, _, q)) => {
+                self.chunk4(w, a, m, c, tile, dot::dots_q5_0(), q.as_ref().zip(tile::q5_0()))
+            }
+            (Weights::Q8_0(w), Acts::Q8(a, _, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0(), None),
             // The default: every row in the one-row arithmetic, rows grouped by four.
             (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped: 0, .. })) => {
                 self.chunk_k(w, a, m, c, tile, krows::dots_q4_k())
@@ -149,9 +154,20 @@ impl QuantMatMul {
     /// A chunk for kernels with multi-row variants: from two rows up, each column's rows
     /// go four at a time and a remainder of two or three together (the weight block is
     /// unpacked once for the group); a single leftover row takes the one-row kernel. One
-    /// row alone (solo decode) goes four columns at a time. Every row's arithmetic is the
-    /// one-row kernel's whichever path it takes.
-    fn chunk4<W>(&self, w: &[W], acts: &[act::ActQ8], m: usize, c: usize, tile: &mut [f32], dots: dot::Dots<W>) {
+    /// row alone (solo decode) goes four columns at a time. Where a `tiles` kernel is
+    /// given, whole groups of four rows go two columns at a time (`tile.rs`). Every
+    /// row's arithmetic is the one-row kernel's whichever path it takes.
+    #[allow(clippy::too_many_arguments)]
+    fn chunk4<W>(
+        &self,
+        w: &[W],
+        acts: &[act::ActQ8],
+        m: usize,
+        c: usize,
+        tile: &mut [f32],
+        dots: dot::Dots<W>,
+        tiles: Option<(&tile::Quads, tile::Tile<W>)>,
+    ) {
         let kb = self.k_blocks;
         let dot = dots.one;
         let first = c * COLS;
@@ -168,7 +184,11 @@ impl QuantMatMul {
             return;
         }
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        self.column_groups(w, m, c, tile, size_of_val(row(0)), |wr, r, o| match o.len() {
+        let pair = tiles.map(|(quads, kernel)| {
+            move |ws: [&[W]; 2], r: usize| kernel(ws, std::array::from_fn(|j| row(r + j)), quads.group(r / 4, kb))
+        });
+        let pair = pair.as_ref().map(|p| p as &dyn Fn([&[W]; 2], usize) -> [[f32; 4]; 2]);
+        self.column_groups(w, m, c, tile, size_of_val(row(0)), pair, |wr, r, o| match o.len() {
             1 => o[0] = dot(wr, row(r)),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
             3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
@@ -180,7 +200,7 @@ impl QuantMatMul {
     fn chunk_k<W>(&self, w: &[W], acts: &[act::ActQ8K], m: usize, c: usize, tile: &mut [f32], dots: krows::KDots<W>) {
         let kb = self.k_blocks;
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        self.column_groups(w, m, c, tile, size_of_val(row(0)), |wr, r, o| match o.len() {
+        self.column_groups(w, m, c, tile, size_of_val(row(0)), None, |wr, r, o| match o.len() {
             1 => o.copy_from_slice(&(dots.x1)(wr, [row(r)])),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
             3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
@@ -189,9 +209,12 @@ impl QuantMatMul {
     }
 
     /// Each column of the chunk against the rows four at a time (the last group holds
-    /// what is left): `group(weights of the column, first row, outputs of the group)`.
+    /// what is left): `group(weights of the column, first row, outputs of the group)`;
+    /// with a `pair` kernel, whole groups of four go two columns at a time
+    /// (`pair([two columns' weights], first row) -> [column][row]`).
     /// Rows go in blocks whose activations (`row_bytes` each) stay in L1 while every
     /// column of the chunk passes over them; the order changes no row's arithmetic.
+    #[allow(clippy::too_many_arguments)]
     fn column_groups<W>(
         &self,
         w: &[W],
@@ -199,17 +222,37 @@ impl QuantMatMul {
         c: usize,
         tile: &mut [f32],
         row_bytes: usize,
+        pair: Option<&dyn Fn([&[W]; 2], usize) -> [[f32; 4]; 2]>,
         group: impl Fn(&[W], usize, &mut [f32]),
     ) {
         let kb = self.k_blocks;
+        let width = tile.len() / m.max(1);
+        let weights = |i: usize| &w[(c * COLS + i) * kb..][..kb];
         let rows_per = (ACT_BLOCK_BYTES / row_bytes.max(1)).max(4) / 4 * 4;
         for first in (0..m).step_by(rows_per) {
             let last = (first + rows_per).min(m);
-            for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
-                let col = c * COLS + i;
-                let wr = &w[col * kb..(col + 1) * kb];
+            // Rows `first..whole` are whole groups of four.
+            let whole = first + (last - first) / 4 * 4;
+            let mut i = 0;
+            if let Some(pair) = pair.filter(|_| whole > first) {
+                while i + 1 < width {
+                    let ws = [weights(i), weights(i + 1)];
+                    for r in (first..whole).step_by(4) {
+                        let got = pair(ws, r);
+                        tile[i * m + r..][..4].copy_from_slice(&got[0]);
+                        tile[(i + 1) * m + r..][..4].copy_from_slice(&got[1]);
+                    }
+                    if whole < last {
+                        for j in [i, i + 1] {
+                            group(ws[j - i], whole, &mut tile[j * m + whole..j * m + last]);
+                        }
+                    }
+                    i += 2;
+                }
+            }
+            for (j, col_out) in tile.chunks_exact_mut(m).enumerate().skip(i) {
                 for (g, o) in col_out[first..last].chunks_mut(4).enumerate() {
-                    group(wr, first + 4 * g, o);
+                    group(weights(j), first + 4 * g, o);
                 }
             }
         }
@@ -246,22 +289,26 @@ enum ActsKind {
 }
 
 enum Acts {
-    Q8(Vec<act::ActQ8>, ActsKind),
+    /// With the rows' scales laid out for the tile kernels where they run.
+    Q8(Vec<act::ActQ8>, ActsKind, Option<tile::Quads>),
     Q8K(Vec<act::ActQ8K>, ActsKind),
 }
 
 impl Acts {
     fn quantize(kind: ActsKind, x: &[f32], m: usize) -> Self {
         match kind {
-            ActsKind::Q8_0 => Acts::Q8(quantize_q8_0(x), kind),
-            ActsKind::Q8_1 => Acts::Q8(quantize_q8_1(x), kind),
+            ActsKind::Q8_0 | ActsKind::Q8_1 => {
+                let a = if kind == ActsKind::Q8_0 { quantize_q8_0(x) } else { quantize_q8_1(x) };
+                let quads = (m >= 4 && isa::vnni()).then(|| tile::Quads::new(&a, m, x.len() / m / QK));
+                Acts::Q8(a, kind, quads)
+            }
             ActsKind::Q8K { grouped, .. } => Acts::Q8K(q8k_rows_for_q4k(x, m, grouped), kind),
         }
     }
 
     fn kind(&self) -> ActsKind {
         match self {
-            Acts::Q8(_, k) | Acts::Q8K(_, k) => *k,
+            Acts::Q8(_, k, _) | Acts::Q8K(_, k) => *k,
         }
     }
 }
@@ -281,4 +328,40 @@ fn q8k_rows_for_q4k(x: &[f32], m: usize, grouped: usize) -> Vec<act::ActQ8K> {
     let mut out = quantize_q8_k(&x[..grouped * k], Q8KSign::AnyPositiveMax);
     out.extend(quantize_q8_k(&x[grouped * k..], Q8KSign::FirstMax));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matmul of many rows equals each row alone (the one-row decode kernels), bit for
+    /// bit: column chunks with an odd last width, row blocks with a ragged last group,
+    /// tiles and grouped kernels alike.
+    #[test]
+    fn rows_together_equal_rows_alone() {
+        let (k, n) = (8 * QK, 37);
+        let kb = k / QK;
+        let bytes = |per: usize, seed: usize| -> Vec<u8> {
+            let mut b: Vec<u8> = (0..n * kb * per).map(|i| ((i * 2654435761 + seed * 97) >> 7) as u8).collect();
+            for blk in b.chunks_exact_mut(per) {
+                for h in 0..if per == 20 { 2 } else { 1 } {
+                    let v = half::f16::from_f32(0.01 + blk[2 * h] as f32 / 4096.0);
+                    blk[2 * h..2 * h + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            b
+        };
+        for (dtype, per) in [(GgmlDType::Q4_1, 20), (GgmlDType::Q5_0, 22), (GgmlDType::Q8_0, 34)] {
+            let w = QuantMatMul::from_bytes("w", dtype, &bytes(per, per), k, n).unwrap();
+            for m in [4, 7, 53, 106] {
+                let x: Vec<f32> = (0..m * k).map(|i| (((i * 37 + i / k * 11) % 251) as f32 - 125.0) / 29.0).collect();
+                let got = w.forward(&x, m);
+                for r in 0..m {
+                    let want = w.forward(&x[r * k..(r + 1) * k], 1);
+                    let same = want.iter().zip(&got[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype:?} m={m} row {r}");
+                }
+            }
+        }
+    }
 }
