@@ -187,7 +187,7 @@ impl QuantMatMul {
         let pair = tiles.map(|(quads, kernel)| {
             move |ws: [&[W]; 2], r: usize| kernel(ws, std::array::from_fn(|j| row(r + j)), quads.group(r / 4, kb))
         });
-        let pair = pair.as_ref().map(|p| p as &dyn Fn([&[W]; 2], usize) -> [[f32; 4]; 2]);
+        let pair = pair.as_ref().map(|p| p as PairFn<'_, W>);
         self.column_groups(w, m, c, tile, size_of_val(row(0)), pair, |wr, r, o| match o.len() {
             1 => o[0] = dot(wr, row(r)),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
@@ -222,7 +222,7 @@ impl QuantMatMul {
         c: usize,
         tile: &mut [f32],
         row_bytes: usize,
-        pair: Option<&dyn Fn([&[W]; 2], usize) -> [[f32; 4]; 2]>,
+        pair: Option<PairFn<'_, W>>,
         group: impl Fn(&[W], usize, &mut [f32]),
     ) {
         let kb = self.k_blocks;
@@ -312,6 +312,10 @@ impl Acts {
         }
     }
 }
+
+/// A two-column tile kernel bound to its activations: `(two columns' weights, first of
+/// four rows) -> [column][row]`.
+type PairFn<'a, W> = &'a dyn Fn([&[W]; 2], usize) -> [[f32; 4]; 2];
 
 /// Columns per work chunk: enough to amortize scheduling, small enough to balance.
 const COLS: usize = 16;

@@ -272,6 +272,7 @@ mod tests {
         let x = rows(m, k);
         let (a1, a0) = (quantize_q8_1(&x), quantize_q8_0(&x));
         let (q1, q0) = (Quads::new(&a1, m, kb), Quads::new(&a0, m, kb));
+        #[allow(clippy::too_many_arguments)]
         fn time<W>(name: &str, w: &[W], a: &[ActQ8], q: &Quads, t: Tile<W>, kb: usize, n: usize, reps: usize) {
             let row = |r: usize| &a[r * kb..(r + 1) * kb];
             let start = Instant::now();
