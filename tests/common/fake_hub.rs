@@ -76,8 +76,7 @@ struct State {
 pub struct FakeHub {
     pub endpoint: String,
     state: Arc<Mutex<State>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: super::loopback::Loopback,
 }
 
 pub fn sha256_hex(b: &[u8]) -> String {
@@ -87,41 +86,26 @@ pub fn sha256_hex(b: &[u8]) -> String {
 impl FakeHub {
     /// Serves `repo` (`org/name`) with `files` at revision `main` = `COMMIT`.
     pub fn start(repo: &str, files: Vec<HubFile>, faults: Faults) -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
             repo: repo.to_owned(),
             files,
             faults,
-            port: addr.port(),
+            port: 0,
             seen: Vec::new(),
             blob_transfers: 0,
         }));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let st = state.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let accept = async {
-                    loop {
-                        let Ok((stream, _)) = listener.accept().await else { continue };
-                        let st = st.clone();
-                        tokio::spawn(async move {
-                            let svc = hyper::service::service_fn(move |req| answer(st.clone(), req));
-                            let io = hyper_util::rt::TokioIo::new(stream);
-                            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
-                        });
-                    }
-                };
-                tokio::select! {
-                    _ = accept => {}
-                    _ = stopped => {}
-                }
-            });
+        let server = super::loopback::Loopback::start(move |stream| {
+            let st = st.clone();
+            async move {
+                let svc = hyper::service::service_fn(move |req| answer(st.clone(), req));
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+            }
         });
-        Self { endpoint: format!("http://{addr}"), state, stop: Some(stop), thread: Some(thread) }
+        state.lock().unwrap().port = server.port;
+        let addr = SocketAddr::from(([127, 0, 0, 1], server.port));
+        Self { endpoint: format!("http://{addr}"), state, _server: server }
     }
 
     pub fn seen(&self) -> Vec<Seen> {
@@ -135,17 +119,6 @@ impl FakeHub {
 
     pub fn set_faults(&self, faults: Faults) {
         self.state.lock().unwrap().faults = faults;
-    }
-}
-
-impl Drop for FakeHub {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

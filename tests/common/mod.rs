@@ -92,6 +92,7 @@ pub mod engine;
 pub mod fake_hub;
 pub mod gateway;
 pub mod http;
+pub mod loopback;
 pub mod procfs;
 pub mod tls_front;
 pub mod upstream;

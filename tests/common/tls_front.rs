@@ -56,8 +56,7 @@ pub struct Seen {
 pub struct TlsFront {
     pub port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: super::loopback::Loopback,
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -74,59 +73,29 @@ impl TlsFront {
             .unwrap();
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(config));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
         let backend: SocketAddr = backend.parse().expect("backend host:port");
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let log = seen.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-                let accept = async {
-                    loop {
-                        let Ok((tcp, _)) = listener.accept().await else { continue };
-                        let (acceptor, log) = (acceptor.clone(), log.clone());
-                        tokio::spawn(async move {
-                            // A client that rejects the certificate ends here.
-                            let Ok(tls) = acceptor.accept(tcp).await else { return };
-                            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                            let svc = hyper::service::service_fn(move |req| pass_on(req, backend, log.clone()));
-                            let io = TokioIo::new(tls);
-                            let _ = if h2 {
-                                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                                    .serve_connection(io, svc)
-                                    .await
-                            } else {
-                                hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await
-                            };
-                        });
-                    }
+        let server = super::loopback::Loopback::start(move |tcp| {
+            let (acceptor, log) = (acceptor.clone(), log.clone());
+            async move {
+                // A client that rejects the certificate ends here.
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let svc = hyper::service::service_fn(move |req| pass_on(req, backend, log.clone()));
+                let io = TokioIo::new(tls);
+                let _ = if h2 {
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(io, svc).await
+                } else {
+                    hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await
                 };
-                tokio::select! {
-                    _ = accept => {}
-                    _ = stopped => {}
-                }
-            });
+            }
         });
-        Self { port, seen, stop: Some(stop), thread: Some(thread) }
+        Self { port: server.port, seen, _server: server }
     }
 
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Drop for TlsFront {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
