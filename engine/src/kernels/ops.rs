@@ -134,53 +134,96 @@ pub(crate) fn expf_shifted(xs: &mut [f32], sub: f32) {
     }
 }
 
+/// `xs[i] = expf(xs[i] - subs[i])` for every element (`subs` at least as long), with
+/// `expf_shifted`'s arithmetic.
+pub(crate) fn expf_shifted_each(xs: &mut [f32], subs: &[f32]) {
+    let subs = &subs[..xs.len()];
+    let done = simd_expf_shifted_each(xs, subs);
+    for (x, s) in xs[done..].iter_mut().zip(&subs[done..]) {
+        *x = expf(*x - s);
+    }
+}
+
 /// The vector part of `expf_shifted`; returns how many leading elements it did.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 fn simd_expf_shifted(xs: &mut [f32], sub: f32) -> usize {
     use std::arch::x86_64::*;
     let n8 = xs.len() / 8 * 8;
-    let c = |bits: u32| unsafe { _mm256_set1_ps(f32::from_bits(bits)) };
     // SAFETY: AVX2 and FMA are target features of this build; each load and store
     // touches the 8 floats at `i < n8 <= xs.len()`.
     unsafe {
-        let (r, sub) = (c(0x4b40_0000), _mm256_set1_ps(sub));
-        let (l2e, ln_hi, ln_lo) = (c(0x3fb8_aa3b), c(0x3f31_7200), c(0x35bf_be8e));
-        let (p4, p5, p6, p7, p8) = (c(0x3c07_2010), c(0x3d2b_9f17), c(0x3e2a_af33), c(0x3eff_fedb), c(0x3f7f_fff6));
-        let (one, limit, inf) = (_mm256_set1_ps(1.0), _mm256_set1_ps(192.0), _mm256_set1_ps(f32::INFINITY));
-        let sign = _mm256_set1_ps(-0.0);
-        let bias = _mm256_set1_epi64x(1023);
+        let sub = _mm256_set1_ps(sub);
         for i in (0..n8).step_by(8) {
-            let x = _mm256_sub_ps(_mm256_loadu_ps(xs.as_ptr().add(i)), sub);
-            let n = _mm256_sub_ps(_mm256_fmadd_ps(x, l2e, r), r);
-            let neg = _mm256_xor_ps(n, sign);
-            let b = _mm256_fmadd_ps(neg, ln_lo, _mm256_fmadd_ps(neg, ln_hi, x));
-            let u = _mm256_mul_ps(b, b);
-            let j = _mm256_fmadd_ps(
-                _mm256_fmadd_ps(_mm256_fmadd_ps(p4, b, p5), u, _mm256_fmadd_ps(p6, b, p7)),
-                u,
-                _mm256_fmadd_ps(p8, b, one),
-            );
-            // j * 2^n, in f64 four lanes at a time, rounded once to f32.
-            let ni = _mm256_cvtps_epi32(n); // n is a whole number: exact
-            let half = |jj: __m128, nn: __m128i| {
-                let pow2 = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(nn), bias));
-                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(jj), _mm256_castsi256_pd(pow2)))
-            };
-            let lo = half(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni));
-            let hi = half(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni));
-            let mut y = _mm256_set_m128(hi, lo);
-            // |n| > 192: 0 below, inf above, as the scalar form.
-            let big = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(sign, n), limit);
-            let over = _mm256_blendv_ps(_mm256_setzero_ps(), inf, _mm256_cmp_ps::<_CMP_GT_OQ>(n, _mm256_setzero_ps()));
-            y = _mm256_blendv_ps(y, over, big);
-            _mm256_storeu_ps(xs.as_mut_ptr().add(i), y);
+            let p = xs.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, exp8(_mm256_sub_ps(_mm256_loadu_ps(p), sub)));
         }
     }
     n8
 }
 
+/// The vector part of `expf_shifted_each`; returns how many leading elements it did.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+fn simd_expf_shifted_each(xs: &mut [f32], subs: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let n8 = xs.len().min(subs.len()) / 8 * 8;
+    // SAFETY: AVX2 and FMA are target features of this build; each load and store
+    // touches the 8 floats at `i < n8 <= len` of `xs` or `subs`.
+    unsafe {
+        for i in (0..n8).step_by(8) {
+            let p = xs.as_mut_ptr().add(i);
+            let x = _mm256_sub_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(subs.as_ptr().add(i)));
+            _mm256_storeu_ps(p, exp8(x));
+        }
+    }
+    n8
+}
+
+/// `expf` of eight lanes.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[inline(always)]
+fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = |bits: u32| unsafe { _mm256_set1_ps(f32::from_bits(bits)) };
+    // SAFETY: AVX2 and FMA are target features of this build; register operations only.
+    unsafe {
+        let r = c(0x4b40_0000);
+        let (l2e, ln_hi, ln_lo) = (c(0x3fb8_aa3b), c(0x3f31_7200), c(0x35bf_be8e));
+        let (p4, p5, p6, p7, p8) = (c(0x3c07_2010), c(0x3d2b_9f17), c(0x3e2a_af33), c(0x3eff_fedb), c(0x3f7f_fff6));
+        let (one, limit, inf) = (_mm256_set1_ps(1.0), _mm256_set1_ps(192.0), _mm256_set1_ps(f32::INFINITY));
+        let sign = _mm256_set1_ps(-0.0);
+        let bias = _mm256_set1_epi64x(1023);
+        let n = _mm256_sub_ps(_mm256_fmadd_ps(x, l2e, r), r);
+        let neg = _mm256_xor_ps(n, sign);
+        let b = _mm256_fmadd_ps(neg, ln_lo, _mm256_fmadd_ps(neg, ln_hi, x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_fmadd_ps(p4, b, p5), u, _mm256_fmadd_ps(p6, b, p7)),
+            u,
+            _mm256_fmadd_ps(p8, b, one),
+        );
+        // j * 2^n, in f64 four lanes at a time, rounded once to f32.
+        let ni = _mm256_cvtps_epi32(n); // n is a whole number: exact
+        let half = |jj: __m128, nn: __m128i| {
+            let pow2 = _mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(nn), bias));
+            _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(jj), _mm256_castsi256_pd(pow2)))
+        };
+        let lo = half(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni));
+        let hi = half(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni));
+        let y = _mm256_set_m128(hi, lo);
+        // |n| > 192: 0 below, inf above, as the scalar form.
+        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(sign, n), limit);
+        let over = _mm256_blendv_ps(_mm256_setzero_ps(), inf, _mm256_cmp_ps::<_CMP_GT_OQ>(n, _mm256_setzero_ps()));
+        _mm256_blendv_ps(y, over, big)
+    }
+}
+
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
 fn simd_expf_shifted(_xs: &mut [f32], _sub: f32) -> usize {
+    0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+fn simd_expf_shifted_each(_xs: &mut [f32], _subs: &[f32]) -> usize {
     0
 }
 
@@ -290,6 +333,11 @@ mod tests {
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "sub {sub}");
         }
+        let subs: Vec<f32> = (0..xs.len()).map(|i| ((i * 31 % 97) as f32 - 48.0) / 3.0).collect();
+        let want: Vec<u32> = xs.iter().zip(&subs).map(|(x, s)| expf(x - s).to_bits()).collect();
+        let mut got = xs.clone();
+        expf_shifted_each(&mut got, &subs);
+        assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
     }
 
     #[test]

@@ -18,9 +18,12 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 mod order;
+mod probs;
+mod tile;
 mod values;
 
 use order::{LANES, Order, reduce16};
+use tile::attend_tile;
 use values::{round_probs, weigh_values};
 
 use super::ops::expf_shifted;
@@ -117,8 +120,8 @@ fn grouped(parts: &[(&SeqCache, usize, &[f32])], layer: usize, spec: &AttnSpec) 
 
 /// Below this many query rows, one work item per (row, head) keeps both threads busy.
 const MIN_TILED_ROWS: usize = 4;
-/// Per-tile accumulator budget (query rows x heads x lanes x head_dim floats).
-const TILE_ACC_BYTES: usize = 256 << 10;
+/// Items (query rows x the query heads of one K/V head) a prefill tile aims at.
+const TILE_ITEMS: usize = 32;
 
 fn f16_rounded(x: &[f32]) -> Vec<f32> {
     x.iter().map(|v| f16::from_f32(*v).to_f32()).collect()
@@ -140,8 +143,9 @@ fn tiled(
     let hd = spec.head_dim;
     let t_len = q.len() / hd / spec.n_heads;
     let group = spec.n_heads / spec.n_kv_heads;
-    let lanes = order.slots();
-    let rows = (TILE_ACC_BYTES / (group * lanes * hd * 4)).clamp(1, 8);
+    let threads = candle_core::utils::get_num_threads();
+    // Enough items to share each K and V row, and enough tiles for every thread.
+    let rows = (TILE_ITEMS / group).min(t_len * spec.n_kv_heads / (2 * threads)).clamp(1, 8);
     let n_tt = t_len.div_ceil(rows);
     // Tiles in (kv head, row tile) order; each owns a contiguous [rows][group][hd] chunk.
     let chunk = rows * group * hd;
@@ -171,74 +175,6 @@ fn place(out: &mut [f32], tile: &[f32], g: usize, ts: std::ops::Range<usize>, sp
     for (i, t) in ts.enumerate() {
         let at = (t * spec.n_heads) * hd + g * width;
         out[at..at + width].copy_from_slice(&tile[i * width..][..width]);
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn attend_tile(
-    cache: &SeqCache,
-    layer: usize,
-    pos0: usize,
-    q: &[f32],
-    spec: &AttnSpec,
-    order: Order,
-    g: usize,
-    ts: std::ops::Range<usize>,
-    out: &mut [f32],
-) {
-    let hd = spec.head_dim;
-    let group = spec.n_heads / spec.n_kv_heads;
-    let kv_dim = spec.n_kv_heads * hd;
-    let lanes = order.slots();
-    // Items: (row, head in group), row-major, matching `out`'s [rows][group][hd].
-    let items: Vec<(usize, usize)> = ts
-        .clone()
-        .flat_map(|t| {
-            let pos = pos0 + t;
-            (0..group).map(move |_| (spec.window.map_or(0, |w| (pos + 1usize).saturating_sub(w)), pos))
-        })
-        .collect();
-    let qs: Vec<Vec<f32>> = ts
-        .clone()
-        .flat_map(|t| (0..group).map(move |hh| (t * spec.n_heads + g * group + hh) * hd))
-        .map(|at| f16_rounded(&q[at..][..hd]))
-        .collect();
-    let jlo = items.iter().map(|r| r.0).min().unwrap_or(0);
-    let jhi = items.iter().map(|r| r.1).max().unwrap_or(0);
-    let span = jhi + 1 - jlo;
-    let row_of = |j: usize| {
-        let start = (j % BLOCK_TOKENS) * kv_dim + g * hd;
-        start..start + hd
-    };
-
-    let mut scores = vec![0.0f32; items.len() * span];
-    let mut maxes = vec![f32::NEG_INFINITY; items.len()];
-    let mut row = vec![0.0f32; hd];
-    for j in jlo..=jhi {
-        let (kb, _) = cache.block_kv(layer, j / BLOCK_TOKENS);
-        kb[row_of(j)].convert_to_f32_slice(&mut row);
-        for (i, &(lo, pos)) in items.iter().enumerate() {
-            if j < lo || j > pos {
-                continue;
-            }
-            let s = order.dot(&qs[i], &row) * spec.scale;
-            maxes[i] = maxes[i].max(s);
-            scores[i * span + j - jlo] = s;
-        }
-    }
-    let invs: Vec<f32> = items
-        .iter()
-        .enumerate()
-        .map(|(i, &(lo, pos))| softmax_in_place(&mut scores[i * span..][lo - jlo..=pos - jlo], lo, maxes[i]))
-        .collect();
-
-    for (i, &(lo, pos)) in items.iter().enumerate() {
-        round_probs(&mut scores[i * span..][lo - jlo..=pos - jlo], invs[i]);
-    }
-    let mut acc = vec![0.0f32; items.len() * lanes * hd]; // [item][lane slot][dim]
-    weigh_values(cache, layer, g, spec, order, jlo..=jhi, &items, &scores, &mut acc);
-    for (i, o) in out.chunks_exact_mut(hd).take(items.len()).enumerate() {
-        order.reduce_lanes(&acc[i * lanes * hd..][..lanes * hd], hd, o);
     }
 }
 
@@ -288,13 +224,20 @@ fn attend_one(
 fn softmax_in_place(scores: &mut [f32], lo: usize, max: f32) -> f32 {
     expf_shifted(scores, max);
     let mut sum = 0.0f64;
-    // Whole chunks at a time (copied, not element by element with a test on each).
+    // Whole chunks at a time (not element by element with a test on each); the partial
+    // ones at either end copied into a zeroed chunk.
     let mut j = lo;
     loop {
         let end = ((j / LANES + 1) * LANES).min(lo + scores.len());
-        let mut chunk = [0.0f32; LANES];
-        chunk[j % LANES..][..end - j].copy_from_slice(&scores[j - lo..end - lo]);
-        sum += reduce16(&chunk) as f64;
+        let part = &scores[j - lo..end - lo];
+        sum += match <&[f32; LANES]>::try_from(part) {
+            Ok(whole) => reduce16(whole),
+            Err(_) => {
+                let mut chunk = [0.0f32; LANES];
+                chunk[j % LANES..][..end - j].copy_from_slice(part);
+                reduce16(&chunk)
+            }
+        } as f64;
         if end == lo + scores.len() {
             break;
         }
@@ -399,16 +342,19 @@ mod tests {
     /// orders, with and without a window, for tiles that end mid-way.
     #[test]
     fn tiles_compute_exactly_what_single_items_compute() {
-        for hd in [64, 128, 80] {
-            tiles_equal_items(hd);
+        for hd in [64, 128, 256, 80] {
+            tiles_equal_items(hd, &[Order::Single, Order::Batched]);
         }
+        // A head size that is not a multiple of 16 (the V sums' last dims one at a time);
+        // the batched order's dot needs multiples of 16.
+        tiles_equal_items(72, &[Order::Single]);
     }
 
-    fn tiles_equal_items(hd: usize) {
+    fn tiles_equal_items(hd: usize, orders: &[Order]) {
         let (n_kv, n_heads, n) = (2, 6, 150);
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 300.0) - 1.6;
         let (cache, _, _) = filled_cache(n, n_kv * hd, f, 29);
-        for order in [Order::Single, Order::Batched] {
+        for &order in orders {
             for window in [None, Some(37usize)] {
                 let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window };
                 let (pos0, t_len) = (n - 43, 43);
@@ -465,6 +411,7 @@ mod speed {
     #[test]
     #[ignore = "micro-benchmark: cargo test --release -p corral-engine attend_speed -- --ignored --nocapture"]
     fn attend_speed() {
+        crate::heap::keep_freed_buffers();
         let (hd, n_kv, n_heads, n) = (64, 3, 9, 3500);
         let mut cache = SeqCache::new(KvShape { n_layers: 1, kv_dim: n_kv * hd });
         cache.reserve(n);
@@ -486,12 +433,15 @@ mod speed {
         let (rows, group) = (8, n_heads / n_kv);
         let qt: Vec<f32> = (0..rows * n_heads * hd).map(|i| f(i + 5)).collect();
         let mut tile = vec![0.0f32; rows * group * hd];
-        let reps = 20;
-        let t = std::time::Instant::now();
-        for r in 0..reps {
-            attend_tile(&cache, 0, n - rows, &qt, &spec, Order::Batched, r % n_kv, 0..rows, &mut tile);
+        let reps = std::env::var("ATTEND_REPS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
+        for order in [Order::Batched, Order::Single] {
+            let t = std::time::Instant::now();
+            for r in 0..reps {
+                attend_tile(&cache, 0, n - rows, &qt, &spec, order, r % n_kv, 0..rows, &mut tile);
+            }
+            let ns = t.elapsed().as_secs_f64() * 1e9 / (reps * rows * group * n) as f64;
+            let name = if order == Order::Single { "one-row order" } else { "batched order" };
+            eprintln!("attend_tile ({name}): {ns:.2} ns per key and (row, head) ({})", tile[0]);
         }
-        let ns = t.elapsed().as_secs_f64() * 1e9 / (reps * rows * group * n) as f64;
-        eprintln!("attend_tile: {ns:.2} ns per key and (row, head) ({})", tile[0]);
     }
 }

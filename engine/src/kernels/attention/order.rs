@@ -59,19 +59,25 @@ impl Order {
                 }
             }
         }
-        // reduce16 lane-wise: t3[i] = x[i + 8] + x[i], t6[i] = t3[i + 4] + t3[i],
-        // out = (t6[0] + t6[2]) + (t6[1] + t6[3]).
-        let (lo, hi) = x.split_at_mut(8 * hd);
-        for (a, b) in lo.iter_mut().zip(hi.iter()) {
-            *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
-        }
-        let (lo, hi) = lo.split_at_mut(4 * hd);
-        for (a, b) in lo.iter_mut().zip(hi[..4 * hd].iter()) {
-            *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
-        }
-        for (d, o) in out.iter_mut().enumerate() {
-            *o = (lo[d] + lo[2 * hd + d]) + (lo[hd + d] + lo[3 * hd + d]);
-        }
+        reduce16_lanes(x, hd, out);
+    }
+}
+
+/// `reduce16` per dim of `x` (`[lane][dim]`, 16 lanes of `hd` dims; used as scratch)
+/// into `out`, written as whole-row operations over the dims so they vectorize.
+pub(super) fn reduce16_lanes(x: &mut [f32], hd: usize, out: &mut [f32]) {
+    // reduce16 lane-wise: t3[i] = x[i + 8] + x[i], t6[i] = t3[i + 4] + t3[i],
+    // out = (t6[0] + t6[2]) + (t6[1] + t6[3]).
+    let (lo, hi) = x[..LANES * hd].split_at_mut(8 * hd);
+    for (a, b) in lo.iter_mut().zip(hi.iter()) {
+        *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
+    }
+    let (lo, hi) = lo.split_at_mut(4 * hd);
+    for (a, b) in lo.iter_mut().zip(hi[..4 * hd].iter()) {
+        *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
+    }
+    for (d, o) in out.iter_mut().enumerate() {
+        *o = (lo[d] + lo[2 * hd + d]) + (lo[hd + d] + lo[3 * hd + d]);
     }
 }
 

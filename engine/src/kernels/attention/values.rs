@@ -10,9 +10,34 @@ use crate::kv::{BLOCK_TOKENS, SeqCache};
 /// `exp(s - max)` values to the probabilities ggml's V sum takes: times 1/sum, rounded
 /// to f16.
 pub(super) fn round_probs(probs: &mut [f32], inv: f32) {
-    for p in probs {
+    let done = simd_round_probs(probs, inv);
+    for p in &mut probs[done..] {
         *p = f16::from_f32(*p * inv).to_f32();
     }
+}
+
+/// The vector part of `round_probs` (F16C rounds to nearest even, as `f16::from_f32`);
+/// returns how many leading elements it did.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c"))]
+fn simd_round_probs(probs: &mut [f32], inv: f32) -> usize {
+    use std::arch::x86_64::*;
+    let n8 = probs.len() / 8 * 8;
+    // SAFETY: AVX2 and F16C are target features of this build; each load and store
+    // touches the 8 floats at `i < n8 <= probs.len()`.
+    unsafe {
+        let inv = _mm256_set1_ps(inv);
+        for i in (0..n8).step_by(8) {
+            let p = probs.as_mut_ptr().add(i);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(_mm256_loadu_ps(p), inv));
+            _mm256_storeu_ps(p, _mm256_cvtph_ps(h));
+        }
+    }
+    n8
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c")))]
+fn simd_round_probs(_: &mut [f32], _: f32) -> usize {
+    0
 }
 
 /// Bytes of V rows converted to f32 at a time: they stay in L2 (1 MiB on Zen 4, 2 MiB

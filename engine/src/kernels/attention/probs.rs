@@ -1,0 +1,127 @@
+//! A tile's attention probabilities, key-major: the softmax of every item's scores
+//! done for all items of a key at once (the items are the vector lanes), in slot order
+//! for the V sums (`super::tile`).
+//!
+//! Per item this is exactly `softmax_in_place` + `round_probs` over the keys it sees:
+//! unseen keys hold -inf, so they do not move the maximum and their `exp` is exactly 0;
+//! the 16-key chunk sums then include those zeros where `softmax_in_place` pads its
+//! partial chunks with zeros, and a chunk an item does not see at all adds +0 to its
+//! f64 sum, which leaves it unchanged.
+
+use half::f16;
+
+use super::order::{LANES, Order};
+use crate::kernels::ops::expf_shifted_each;
+
+/// Keys `jlo..=jhi` laid out slot by slot (`[slot][k][..]`, key `j` at slot `j % slots`,
+/// k-th of that slot's keys), so each slot's FMA chain reads its keys contiguously.
+pub(super) struct SlotMajor {
+    pub(super) slots: usize,
+    /// The multiple of `slots` at or below `jlo`: key `base + slot + k * slots` is entry
+    /// `(slot, k)`.
+    base: usize,
+    /// Entries per slot.
+    per_slot: usize,
+    pub(super) jlo: usize,
+    pub(super) jhi: usize,
+}
+
+impl SlotMajor {
+    pub(super) fn new(order: Order, keys: std::ops::RangeInclusive<usize>) -> Self {
+        let (jlo, jhi, slots) = (*keys.start(), *keys.end(), order.slots());
+        let base = jlo / slots * slots;
+        SlotMajor { slots, base, per_slot: (jhi + 1 - base).div_ceil(slots), jlo, jhi }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slots * self.per_slot
+    }
+
+    /// Entry of key `j`.
+    pub(super) fn at(&self, j: usize) -> usize {
+        let r = j - self.base;
+        (r % self.slots) * self.per_slot + r / self.slots
+    }
+
+    /// Entries of `slot` that hold keys (of `jlo..=jhi`).
+    pub(super) fn entries(&self, slot: usize) -> std::ops::Range<usize> {
+        let first = self.base + slot;
+        let k0 = usize::from(first < self.jlo);
+        let k1 = if self.jhi >= first { (self.jhi - first) / self.slots + 1 } else { 0 };
+        slot * self.per_slot + k0..slot * self.per_slot + k1.max(k0)
+    }
+}
+
+/// `p` (`[entry][item]`, `n` items, entries of `slots`) from scaled scores, -inf where an
+/// item does not see a key, to f16-rounded probabilities, 0 where it does not.
+pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
+    let mut max = vec![f32::NEG_INFINITY; n];
+    for row in p.chunks_exact(n) {
+        for (m, x) in max.iter_mut().zip(row) {
+            *m = m.max(*x);
+        }
+    }
+    for row in p.chunks_exact_mut(n) {
+        expf_shifted_each(row, &max);
+    }
+    // The f64 sum of 16-key chunk sums (`reduce16` per item), chunks aligned to absolute
+    // position 0, keys outside `jlo..=jhi` as zeros.
+    let zeros = vec![0.0f32; n];
+    let mut sum = vec![0.0f64; n];
+    let mut t = vec![0.0f32; 8 * n]; // [half-chunk index][item]
+    for c in slots.jlo / LANES..=slots.jhi / LANES {
+        let row = |x: usize| {
+            let j = c * LANES + x;
+            if (slots.jlo..=slots.jhi).contains(&j) { &p[slots.at(j) * n..][..n] } else { &zeros[..] }
+        };
+        // t3[x] = v[x + 8] + v[x]; t6[x] = t3[x + 4] + t3[x]; (t6[0] + t6[2]) + (t6[1] + t6[3]).
+        for x in 0..8 {
+            let (a, b) = (row(x + 8), row(x));
+            for ((t, a), b) in t[x * n..][..n].iter_mut().zip(a).zip(b) {
+                *t = a + b;
+            }
+        }
+        let (t3lo, t3hi) = t.split_at_mut(4 * n);
+        for (a, b) in t3lo.iter_mut().zip(&t3hi[..4 * n]) {
+            *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
+        }
+        for i in 0..n {
+            let t6 = |x: usize| t3lo[x * n + i];
+            sum[i] += ((t6(0) + t6(2)) + (t6(1) + t6(3))) as f64;
+        }
+    }
+    let inv: Vec<f32> = sum.iter().map(|s| (1.0 / s) as f32).collect();
+    for row in p.chunks_exact_mut(n) {
+        round_probs_each(row, &inv);
+    }
+}
+
+/// `p[i] = f16(p[i] * inv[i])` as f32, as `round_probs` per lane.
+fn round_probs_each(p: &mut [f32], inv: &[f32]) {
+    let done = simd_round_probs_each(p, inv);
+    for (x, s) in p[done..].iter_mut().zip(&inv[done..]) {
+        *x = f16::from_f32(*x * s).to_f32();
+    }
+}
+
+/// The vector part of `round_probs_each`; returns how many leading elements it did.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c"))]
+fn simd_round_probs_each(p: &mut [f32], inv: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let n8 = p.len().min(inv.len()) / 8 * 8;
+    // SAFETY: AVX2 and F16C are target features of this build; each load and store
+    // touches the 8 floats at `i < n8 <= len` of `p` or `inv`.
+    unsafe {
+        for i in (0..n8).step_by(8) {
+            let x = p.as_mut_ptr().add(i);
+            let y = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(inv.as_ptr().add(i)));
+            _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y)));
+        }
+    }
+    n8
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c")))]
+fn simd_round_probs_each(_: &mut [f32], _: &[f32]) -> usize {
+    0
+}
