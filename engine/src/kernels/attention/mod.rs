@@ -443,5 +443,13 @@ mod speed {
             let name = if order == Order::Single { "one-row order" } else { "batched order" };
             eprintln!("attend_tile ({name}): {ns:.2} ns per key and (row, head) ({})", tile[0]);
         }
+        // Batched decode: one row of a sequence, its heads of one K/V head, 500 keys.
+        let reps = reps * 50;
+        let t = std::time::Instant::now();
+        for r in 0..reps {
+            attend_tile(&cache, 0, 499, &qt, &spec, Order::Single, r % n_kv, 0..1, &mut tile);
+        }
+        let ns = t.elapsed().as_secs_f64() * 1e9 / (reps * group * 500) as f64;
+        eprintln!("attend_tile (decode row, 500 keys): {ns:.2} ns per key and head ({})", tile[0]);
     }
 }

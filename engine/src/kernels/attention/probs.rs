@@ -11,6 +11,8 @@
 use half::f16;
 
 use super::order::{LANES, Order};
+use super::softmax_in_place;
+use super::values::round_probs;
 use crate::kernels::ops::expf_shifted_each;
 
 /// Keys `jlo..=jhi` laid out slot by slot (`[slot][k][..]`, key `j` at slot `j % slots`,
@@ -55,6 +57,9 @@ impl SlotMajor {
 /// `p` (`[entry][item]`, `n` items, entries of `slots`) from scaled scores, -inf where an
 /// item does not see a key, to f16-rounded probabilities, 0 where it does not.
 pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
+    if n < 8 {
+        return by_item(p, n, slots);
+    }
     let mut max = vec![f32::NEG_INFINITY; n];
     for row in p.chunks_exact(n) {
         for (m, x) in max.iter_mut().zip(row) {
@@ -93,6 +98,26 @@ pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
     let inv: Vec<f32> = sum.iter().map(|s| (1.0 / s) as f32).collect();
     for row in p.chunks_exact_mut(n) {
         round_probs_each(row, &inv);
+    }
+}
+
+/// `tile_probs` for fewer items than vector lanes (a decoding row's heads): each item's
+/// scores copied out in key order, through `softmax_in_place` over the whole key range
+/// (the -inf of unseen keys become the zeros it pads partial chunks with) and
+/// `round_probs`, and back.
+fn by_item(p: &mut [f32], n: usize, slots: &SlotMajor) {
+    let entry: Vec<usize> = (slots.jlo..=slots.jhi).map(|j| slots.at(j) * n).collect();
+    let mut row = vec![0.0f32; entry.len()];
+    for i in 0..n {
+        for (x, &e) in row.iter_mut().zip(&entry) {
+            *x = p[e + i];
+        }
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let inv = softmax_in_place(&mut row, slots.jlo, max);
+        round_probs(&mut row, inv);
+        for (x, &e) in row.iter().zip(&entry) {
+            p[e + i] = *x;
+        }
     }
 }
 
