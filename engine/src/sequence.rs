@@ -92,6 +92,11 @@ impl Sequence {
         self.done
     }
 
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.out.tokens.len()
+    }
+
     /// Still reading its prompt.
     pub fn prefilling(&self) -> bool {
         self.fed < self.prompt.len()

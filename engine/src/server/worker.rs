@@ -15,7 +15,7 @@ use corral_protocol::{ApiError, ErrorKind};
 use tokio::sync::mpsc;
 
 use super::admission::{self, KvBudget};
-use super::pacing::Pacer;
+use super::pacing::{ESTABLISHED_TOKENS, Pacer};
 use super::stats::Stats;
 use crate::Engine;
 use crate::cache::{PromptCache, Source};
@@ -245,7 +245,8 @@ fn step(cx: &Ctx<'_>, pacer: &mut Pacer, active: &mut [Active]) {
     let running = active.iter().filter(|a| !a.seq.is_done()).count();
     let prefilling = active.iter().filter(|a| !a.seq.is_done() && a.seq.prefilling()).count();
     let decoding = running - prefilling;
-    let chunk = pacer.chunk(decoding, prefilling);
+    let established = active.iter().filter(|a| !a.seq.is_done() && a.seq.generated() >= ESTABLISHED_TOKENS).count();
+    let chunk = pacer.chunk(decoding, established, prefilling);
     if running > 1 {
         for a in active.iter_mut() {
             a.seq.mark_batched();
