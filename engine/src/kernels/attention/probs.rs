@@ -8,11 +8,9 @@
 //! partial chunks with zeros, and a chunk an item does not see at all adds +0 to its
 //! f64 sum, which leaves it unchanged.
 
-use half::f16;
-
-use super::order::{LANES, Order};
+use super::order::{LANES, Order, reduce16_lanes};
 use super::softmax_in_place;
-use super::values::round_probs;
+use super::values::{round_probs, round_probs_each};
 use crate::kernels::ops::expf_shifted_each;
 
 /// Keys `jlo..=jhi` laid out slot by slot (`[slot][k][..]`, key `j` at slot `j % slots`,
@@ -69,30 +67,22 @@ pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
     for row in p.chunks_exact_mut(n) {
         expf_shifted_each(row, &max);
     }
-    // The f64 sum of 16-key chunk sums (`reduce16` per item), chunks aligned to absolute
-    // position 0, keys outside `jlo..=jhi` as zeros.
-    let zeros = vec![0.0f32; n];
+    // The f64 sum of 16-key chunk sums (`reduce16` per item, as `reduce16_lanes` with
+    // the items as its dims), chunks aligned to absolute position 0, keys outside
+    // `jlo..=jhi` as zeros.
     let mut sum = vec![0.0f64; n];
-    let mut t = vec![0.0f32; 8 * n]; // [half-chunk index][item]
+    let (mut x, mut chunk) = (vec![0.0f32; LANES * n], vec![0.0f32; n]); // [lane][item]
     for c in slots.jlo / LANES..=slots.jhi / LANES {
-        let row = |x: usize| {
-            let j = c * LANES + x;
-            if (slots.jlo..=slots.jhi).contains(&j) { &p[slots.at(j) * n..][..n] } else { &zeros[..] }
-        };
-        // t3[x] = v[x + 8] + v[x]; t6[x] = t3[x + 4] + t3[x]; (t6[0] + t6[2]) + (t6[1] + t6[3]).
-        for x in 0..8 {
-            let (a, b) = (row(x + 8), row(x));
-            for ((t, a), b) in t[x * n..][..n].iter_mut().zip(a).zip(b) {
-                *t = a + b;
+        for (l, xl) in x.chunks_exact_mut(n).enumerate() {
+            let j = c * LANES + l;
+            match (slots.jlo..=slots.jhi).contains(&j) {
+                true => xl.copy_from_slice(&p[slots.at(j) * n..][..n]),
+                false => xl.fill(0.0),
             }
         }
-        let (t3lo, t3hi) = t.split_at_mut(4 * n);
-        for (a, b) in t3lo.iter_mut().zip(&t3hi[..4 * n]) {
-            *a += *b; // IEEE addition commutes: b + a == a + b bit for bit
-        }
-        for i in 0..n {
-            let t6 = |x: usize| t3lo[x * n + i];
-            sum[i] += ((t6(0) + t6(2)) + (t6(1) + t6(3))) as f64;
+        reduce16_lanes(&mut x, n, &mut chunk);
+        for (s, c) in sum.iter_mut().zip(&chunk) {
+            *s += *c as f64;
         }
     }
     let inv: Vec<f32> = sum.iter().map(|s| (1.0 / s) as f32).collect();
@@ -119,34 +109,4 @@ fn by_item(p: &mut [f32], n: usize, slots: &SlotMajor) {
             p[e + i] = *x;
         }
     }
-}
-
-/// `p[i] = f16(p[i] * inv[i])` as f32, as `round_probs` per lane.
-fn round_probs_each(p: &mut [f32], inv: &[f32]) {
-    let done = simd_round_probs_each(p, inv);
-    for (x, s) in p[done..].iter_mut().zip(&inv[done..]) {
-        *x = f16::from_f32(*x * s).to_f32();
-    }
-}
-
-/// The vector part of `round_probs_each`; returns how many leading elements it did.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c"))]
-fn simd_round_probs_each(p: &mut [f32], inv: &[f32]) -> usize {
-    use std::arch::x86_64::*;
-    let n8 = p.len().min(inv.len()) / 8 * 8;
-    // SAFETY: AVX2 and F16C are target features of this build; each load and store
-    // touches the 8 floats at `i < n8 <= len` of `p` or `inv`.
-    unsafe {
-        for i in (0..n8).step_by(8) {
-            let x = p.as_mut_ptr().add(i);
-            let y = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(inv.as_ptr().add(i)));
-            _mm256_storeu_ps(x, _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(y)));
-        }
-    }
-    n8
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c")))]
-fn simd_round_probs_each(_: &mut [f32], _: &[f32]) -> usize {
-    0
 }

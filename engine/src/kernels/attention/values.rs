@@ -10,23 +10,45 @@ use crate::kv::{BLOCK_TOKENS, SeqCache};
 /// `exp(s - max)` values to the probabilities ggml's V sum takes: times 1/sum, rounded
 /// to f16.
 pub(super) fn round_probs(probs: &mut [f32], inv: f32) {
-    let done = simd_round_probs(probs, inv);
+    let done = simd_round(probs, Scale::One(inv));
     for p in &mut probs[done..] {
         *p = f16::from_f32(*p * inv).to_f32();
     }
 }
 
-/// The vector part of `round_probs` (F16C rounds to nearest even, as `f16::from_f32`);
-/// returns how many leading elements it did.
+/// `round_probs` with a factor per element: `probs[i]` times `invs[i]`.
+pub(super) fn round_probs_each(probs: &mut [f32], invs: &[f32]) {
+    let done = simd_round(probs, Scale::Each(invs));
+    for (p, inv) in probs[done..].iter_mut().zip(&invs[done..]) {
+        *p = f16::from_f32(*p * inv).to_f32();
+    }
+}
+
+/// The factor(s) of `simd_round`.
+#[derive(Clone, Copy)]
+enum Scale<'a> {
+    One(f32),
+    Each(&'a [f32]),
+}
+
+/// The vector part of `round_probs` and `round_probs_each` (F16C rounds to nearest
+/// even, as `f16::from_f32`); returns how many leading elements it did.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c"))]
-fn simd_round_probs(probs: &mut [f32], inv: f32) -> usize {
+fn simd_round(probs: &mut [f32], scale: Scale<'_>) -> usize {
     use std::arch::x86_64::*;
-    let n8 = probs.len() / 8 * 8;
+    let len = match scale {
+        Scale::One(_) => probs.len(),
+        Scale::Each(invs) => probs.len().min(invs.len()),
+    };
+    let n8 = len / 8 * 8;
     // SAFETY: AVX2 and F16C are target features of this build; each load and store
-    // touches the 8 floats at `i < n8 <= probs.len()`.
+    // touches the 8 floats at `i < n8 <= len` of `probs` or `invs`.
     unsafe {
-        let inv = _mm256_set1_ps(inv);
         for i in (0..n8).step_by(8) {
+            let inv = match scale {
+                Scale::One(inv) => _mm256_set1_ps(inv),
+                Scale::Each(invs) => _mm256_loadu_ps(invs.as_ptr().add(i)),
+            };
             let p = probs.as_mut_ptr().add(i);
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(_mm256_loadu_ps(p), inv));
             _mm256_storeu_ps(p, _mm256_cvtph_ps(h));
@@ -36,7 +58,7 @@ fn simd_round_probs(probs: &mut [f32], inv: f32) -> usize {
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "f16c")))]
-fn simd_round_probs(_: &mut [f32], _: f32) -> usize {
+fn simd_round(_: &mut [f32], _: Scale<'_>) -> usize {
     0
 }
 
