@@ -18,6 +18,7 @@ mod dot;
 pub(crate) mod isa;
 mod kquants;
 mod krows;
+mod ktile;
 mod simd;
 mod stream;
 mod tile;
@@ -135,14 +136,14 @@ impl QuantMatMul {
             (Weights::Q8_0(w), Acts::Q8(a, _, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0(), None),
             // The default: every row in the one-row arithmetic, rows grouped by four.
             (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped: 0, .. })) => {
-                self.chunk_k(w, a, m, c, tile, krows::dots_q4_k())
+                self.chunk_k(w, a, m, c, tile, krows::dots_q4_k(), ktile::q4_k())
             }
             (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped, .. })) => {
                 let path = |r: usize| if r < *grouped { Q4KPath::Gemm } else { Q4KPath::Gemv };
                 self.chunk1(w, a, m, c, tile, |w, a, r| kquants::q4_k_q8_k(w, a, path(r)))
             }
             (Weights::Q6K(w), Acts::Q8K(a, ActsKind::Q8K { tiled: false, .. })) => {
-                self.chunk_k(w, a, m, c, tile, krows::dots_q6_k())
+                self.chunk_k(w, a, m, c, tile, krows::dots_q6_k(), ktile::q6_k())
             }
             (Weights::Q6K(w), Acts::Q8K(a, _)) => {
                 self.chunk1(w, a, m, c, tile, |w, a, _| kquants::q6_k_q8_k_tiled(w, a))
@@ -196,11 +197,24 @@ impl QuantMatMul {
         });
     }
 
-    /// A K-quant chunk in the one-row arithmetic, each column's rows in groups of four.
-    fn chunk_k<W>(&self, w: &[W], acts: &[act::ActQ8K], m: usize, c: usize, tile: &mut [f32], dots: krows::KDots<W>) {
+    /// A K-quant chunk in the one-row arithmetic, each column's rows in groups of four;
+    /// where a `tiles` kernel is given, whole groups of four go two columns at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn chunk_k<W>(
+        &self,
+        w: &[W],
+        acts: &[act::ActQ8K],
+        m: usize,
+        c: usize,
+        tile: &mut [f32],
+        dots: krows::KDots<W>,
+        tiles: Option<ktile::KTile<W>>,
+    ) {
         let kb = self.k_blocks;
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        self.column_groups(w, m, c, tile, size_of_val(row(0)), None, |wr, r, o| match o.len() {
+        let pair = tiles.map(|kernel| move |ws: [&[W]; 2], r: usize| kernel(ws, std::array::from_fn(|j| row(r + j))));
+        let pair = pair.as_ref().map(|p| p as PairFn<'_, W>);
+        self.column_groups(w, m, c, tile, size_of_val(row(0)), pair, |wr, r, o| match o.len() {
             1 => o.copy_from_slice(&(dots.x1)(wr, [row(r)])),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
             3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
