@@ -75,10 +75,10 @@ pub(crate) fn parallel_chunks(out: &mut [f32], chunk: usize, work: usize, f: imp
 
 /// Fill each of `outs` (`[m, n_i]`, row-major) a chunk of `cols` columns at a time, all
 /// in one pool call: `f(i, c, tile)` computes columns `c * cols ..` of output `i` (fewer
-/// in its last chunk) into `tile`, laid out `[column][row]`, which is then copied into
-/// place. Matmul kernels produce a column's rows together; the copy from a
-/// cache-resident tile replaces a transpose of the whole output, and several matrices
-/// on the same input share one barrier.
+/// in its last chunk: `width` of them) into `tile`, laid out `[row][width]`, whose rows
+/// are then copied into place. Matmul kernels go column by column over a cache-resident
+/// tile, each dot written to its row, and several matrices on the same input share one
+/// barrier.
 pub(crate) fn parallel_columns_many(
     outs: &mut [&mut [f32]],
     m: usize,
@@ -110,15 +110,12 @@ pub(crate) fn parallel_columns_many(
             let width = cols.min(n - first);
             let tile = &mut tile[..width * m];
             f(i, c, tile);
-            // Row by row, so each output row's `width` values are one contiguous write.
-            for r in 0..m {
-                for j in 0..width {
-                    // SAFETY: `r < m` and `first + j < n`, so the index is inside output
-                    // `i`, which outlives this call; chunk `(i, c)` is handed to exactly
-                    // one task and owns columns `first..first + width` of output `i`, so
-                    // no element is written twice or read while written.
-                    unsafe { *base.add(r * n + first + j) = tile[j * m + r] };
-                }
+            for (r, row) in tile.chunks_exact(width).enumerate() {
+                // SAFETY: `r < m` and `first + width <= n`, so the span is inside output
+                // `i`, which outlives this call; chunk `(i, c)` is handed to exactly one
+                // task and owns columns `first..first + width` of output `i`, so no
+                // element is written twice or read while written.
+                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), base.add(r * n + first), width) };
             }
         }
     });
@@ -148,8 +145,8 @@ mod tests {
             let mut outs: Vec<Vec<f32>> = ns.iter().map(|n| vec![f32::NAN; m * n]).collect();
             let mut views: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
             super::parallel_columns_many(&mut views, m, 16, work, |i, c, tile| {
-                for (j, column) in tile.chunks_exact_mut(m).enumerate() {
-                    for (r, v) in column.iter_mut().enumerate() {
+                for (r, row) in tile.chunks_exact_mut(tile.len() / m).enumerate() {
+                    for (j, v) in row.iter_mut().enumerate() {
                         *v = (i * 1_000_000 + (c * 16 + j) * 1000 + r) as f32;
                     }
                 }

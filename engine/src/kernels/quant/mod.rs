@@ -124,7 +124,7 @@ impl QuantMatMul {
         }
     }
 
-    /// Columns `c * COLS ..` (fewer at the end) into `tile`, `[column][row]`.
+    /// Columns `c * COLS ..` (fewer at the end) into `tile`, `[row][column]`.
     fn chunk(&self, acts: &Acts, m: usize, c: usize, tile: &mut [f32]) {
         match (&self.w, acts) {
             (Weights::Q4_1(w), Acts::Q8(a, _, q)) => {
@@ -248,25 +248,33 @@ impl QuantMatMul {
             // Rows `first..whole` are whole groups of four.
             let whole = first + (last - first) / 4 * 4;
             let mut i = 0;
+            // Rows `r..` of column `j` (at most four) through `group`, into the tile.
+            let rows = |tile: &mut [f32], j: usize, r: usize| {
+                let mut got = [0.0f32; 4];
+                let got = &mut got[..(last - r).min(4)];
+                group(weights(j), r, got);
+                got.iter().enumerate().for_each(|(k, &v)| tile[(r + k) * width + j] = v);
+            };
             if let Some(pair) = pair.filter(|_| whole > first) {
                 while i + 1 < width {
                     let ws = [weights(i), weights(i + 1)];
                     for r in (first..whole).step_by(4) {
                         let got = pair(ws, r);
-                        tile[i * m + r..][..4].copy_from_slice(&got[0]);
-                        tile[(i + 1) * m + r..][..4].copy_from_slice(&got[1]);
+                        for k in 0..4 {
+                            tile[(r + k) * width + i] = got[0][k];
+                            tile[(r + k) * width + i + 1] = got[1][k];
+                        }
                     }
                     if whole < last {
-                        for j in [i, i + 1] {
-                            group(ws[j - i], whole, &mut tile[j * m + whole..j * m + last]);
-                        }
+                        rows(tile, i, whole);
+                        rows(tile, i + 1, whole);
                     }
                     i += 2;
                 }
             }
-            for (j, col_out) in tile.chunks_exact_mut(m).enumerate().skip(i) {
-                for (g, o) in col_out[first..last].chunks_mut(4).enumerate() {
-                    group(weights(j), first + 4 * g, o);
+            for j in i..width {
+                for r in (first..last).step_by(4) {
+                    rows(tile, j, r);
                 }
             }
         }
@@ -283,11 +291,12 @@ impl QuantMatMul {
         dot: impl Fn(&[W], &[A], usize) -> f32,
     ) {
         let kb = self.k_blocks;
-        for (i, col_out) in tile.chunks_exact_mut(m).enumerate() {
+        let width = tile.len() / m.max(1);
+        for i in 0..width {
             let col = c * COLS + i;
             let wr = &w[col * kb..(col + 1) * kb];
-            for (r, o) in col_out.iter_mut().enumerate() {
-                *o = dot(wr, &acts[r * kb..(r + 1) * kb], r);
+            for r in 0..m {
+                tile[r * width + i] = dot(wr, &acts[r * kb..(r + 1) * kb], r);
             }
         }
     }
