@@ -69,30 +69,21 @@ fn blocks<T: Send>(x: &[f32], per: usize, f: impl Fn(&[f32]) -> T + Sync) -> Vec
 
 fn quantize_block_k(xs: &[f32], sign: Q8KSign) -> ActQ8K {
     let mut out = ActQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &x in xs {
-        if x.abs() > amax {
-            amax = x.abs();
-            max = x;
-        }
-    }
+    // The largest magnitude first (NaN never wins, as in ggml's `ax > amax` loop), then
+    // the first value that has it: the same value ggml's one-pass loop keeps, found
+    // without a branch per element.
+    let amax = xs.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
     if amax == 0.0 {
         return out;
     }
     let iscale = match sign {
-        Q8KSign::FirstMax => -127.0 / max,
+        Q8KSign::FirstMax => -127.0 / *xs.iter().find(|x| x.abs() == amax).expect("amax is a value's magnitude"),
         Q8KSign::AnyPositiveMax if xs.contains(&amax) => -127.0 / amax,
         Q8KSign::AnyPositiveMax => 127.0 / amax,
     };
+    // To nearest, ties to even, as ggml's nearest_int (which adds 1.5 * 2^23).
     for (q, &x) in out.qs.iter_mut().zip(xs) {
-        let v = match sign {
-            // ggml's nearest_int(iscale * x) adds 1.5 * 2^23 to round; compiled with FMA
-            // contraction that is one fused multiply-add, so the product is never rounded.
-            Q8KSign::FirstMax => (iscale * x).round_ties_even() as i32,
-            // The AVX2 4-row routine multiplies, then rounds.
-            Q8KSign::AnyPositiveMax => (iscale * x).round_ties_even() as i32,
-        };
-        *q = v.min(127) as i8;
+        *q = to_i8((iscale * x).round_ties_even());
     }
     for (s, group) in out.bsums.iter_mut().zip(out.qs.chunks_exact(16)) {
         *s = group.iter().map(|&q| q as i32).sum();
@@ -110,6 +101,16 @@ pub(crate) struct ActQ8 {
     pub qs: [i8; QK],
 }
 
+/// A rounded value as i8: clamped to -128..=127, NaN as 0 (what a saturating cast then
+/// a clamp give; |value| <= 127 here but for the last rounding). The unchecked
+/// conversion lets the loops be vectorized: LLVM keeps saturating casts scalar on AVX2.
+#[inline(always)]
+fn to_i8(v: f32) -> i8 {
+    let v = if v.is_nan() { 0.0 } else { v.max(-128.0).min(127.0) };
+    // SAFETY: `v` is finite and in -128..=127, so it is representable in i32.
+    unsafe { v.to_int_unchecked::<i32>() as i8 }
+}
+
 fn quantize_block(xs: &[f32], with_sum: bool) -> ActQ8 {
     let amax = xs.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -117,8 +118,7 @@ fn quantize_block(xs: &[f32], with_sum: bool) -> ActQ8 {
     let mut qs = [0i8; QK];
     let mut sum = 0i32;
     for (q, &x) in qs.iter_mut().zip(xs) {
-        let v = (x * id).round_ties_even() as i32;
-        *q = v.clamp(-128, 127) as i8;
+        *q = to_i8((x * id).round_ties_even());
         sum += *q as i32;
     }
     let s = if with_sum { f16::from_f32(d * sum as f32).to_f32() } else { 0.0 };
