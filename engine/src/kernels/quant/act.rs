@@ -106,7 +106,7 @@ pub(crate) struct ActQ8 {
 /// conversion lets the loops be vectorized: LLVM keeps saturating casts scalar on AVX2.
 #[inline(always)]
 fn to_i8(v: f32) -> i8 {
-    let v = if v.is_nan() { 0.0 } else { v.max(-128.0).min(127.0) };
+    let v = if v.is_nan() { 0.0 } else { v.clamp(-128.0, 127.0) };
     // SAFETY: `v` is finite and in -128..=127, so it is representable in i32.
     unsafe { v.to_int_unchecked::<i32>() as i8 }
 }
