@@ -124,7 +124,16 @@ const MIN_TILED_ROWS: usize = 4;
 const TILE_ITEMS: usize = 32;
 
 fn f16_rounded(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|v| f16::from_f32(*v).to_f32()).collect()
+    let mut out = vec![0.0; x.len()];
+    f16_round_into(x, &mut out);
+    out
+}
+
+/// `x` rounded to f16 and widened back, into `out` (the slice conversions: vectorized).
+fn f16_round_into(x: &[f32], out: &mut [f32]) {
+    let mut h = vec![f16::ZERO; x.len()];
+    h.convert_from_f32_slice(x);
+    h.convert_to_f32_slice(out);
 }
 
 /// Prefill: one work item is a tile of consecutive query rows times every query head

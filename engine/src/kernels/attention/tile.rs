@@ -17,7 +17,7 @@ use half::slice::HalfFloatSliceExt;
 
 use super::order::{LANES, Order, reduce16_lanes};
 use super::probs::{SlotMajor, tile_probs};
-use super::{AttnSpec, f16_rounded};
+use super::{AttnSpec, f16_round_into};
 use crate::kv::{BLOCK_TOKENS, SeqCache};
 
 /// Output dims a V register tile covers.
@@ -50,11 +50,12 @@ pub(super) fn attend_tile(
             (0..group).map(move |_| (spec.window.map_or(0, |w| (pos + 1usize).saturating_sub(w)), pos))
         })
         .collect();
-    let qs: Vec<f32> = ts
-        .clone()
-        .flat_map(|t| (0..group).map(move |hh| (t * spec.n_heads + g * group + hh) * hd))
-        .flat_map(|at| f16_rounded(&q[at..][..hd]))
-        .collect();
+    let mut qs = vec![0.0f32; items.len() * hd];
+    for (i, t) in ts.clone().enumerate() {
+        // The row's query heads of this group are adjacent in `q`.
+        let at = (t * spec.n_heads + g * group) * hd;
+        f16_round_into(&q[at..][..group * hd], &mut qs[i * group * hd..][..group * hd]);
+    }
     let jlo = items.iter().map(|r| r.0).min().unwrap_or(0);
     let jhi = items.iter().map(|r| r.1).max().unwrap_or(0);
     let rows = KvRows::new(cache, layer, g, spec, jlo..=jhi);
