@@ -10,12 +10,27 @@ use half::f16;
 
 /// In place: each row of width `w.len()` becomes `x / rms(x) * w`.
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    for row in x.chunks_exact_mut(w.len()) {
-        let scale = rms_scale(row, eps);
-        for (v, g) in row.iter_mut().zip(w) {
-            *v = *v * scale * g;
+    by_rows(x, w.len(), 4, |rows, _| {
+        for row in rows.chunks_exact_mut(w.len()) {
+            let scale = rms_scale(row, eps);
+            for (v, g) in row.iter_mut().zip(w) {
+                *v = *v * scale * g;
+            }
         }
-    }
+    });
+}
+
+/// Values per pool task of the row-wise ops.
+const ROWS_CHUNK: usize = 16 << 10;
+
+/// `f(rows, first row)` over whole rows of `x` (`width` values each), several rows a task
+/// on the worker pool when there are enough (`cost` per value weighs the work): a
+/// prefill's norms and adds on the calling thread alone left the other waiting. Rows
+/// are independent, so the split changes no value.
+fn by_rows(x: &mut [f32], width: usize, cost: usize, f: impl Fn(&mut [f32], usize) + Sync) {
+    let per = (ROWS_CHUNK / width.max(1)).max(1);
+    let work = x.len() * cost;
+    super::parallel_chunks(x, per * width.max(1), work, |i, rows| f(rows, i * per));
 }
 
 /// `rms_norm_inplace` into a new buffer.
@@ -32,15 +47,19 @@ fn rms_scale(row: &[f32], eps: f32) -> f32 {
 }
 
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
+    by_rows(x, 1, 1, |part, at| {
+        for (a, b) in part.iter_mut().zip(&y[at..]) {
+            *a += b;
+        }
+    });
 }
 
 pub fn scale_inplace(x: &mut [f32], s: f32) {
-    for v in x {
-        *v *= s;
-    }
+    by_rows(x, 1, 1, |part, _| {
+        for v in part {
+            *v *= s;
+        }
+    });
 }
 
 /// Elements per pool task of the gated activations (a multiple of 16, so that ggml's
@@ -268,7 +287,13 @@ impl RopeTable {
     /// Rotate `x` laid out `[n][heads][head_dim]` in place.
     pub fn apply(&self, x: &mut [f32], heads: usize, style: RopeStyle) {
         let d = self.half * 2;
+        by_rows(x, heads * d, 4, |rows, t0| self.apply_rows(rows, t0, heads, style));
+    }
+
+    fn apply_rows(&self, x: &mut [f32], t0: usize, heads: usize, style: RopeStyle) {
+        let d = self.half * 2;
         for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+            let t = t0 + t;
             let cos = &self.cos[t * self.half..][..self.half];
             let sin = &self.sin[t * self.half..][..self.half];
             for head in row.chunks_exact_mut(d) {

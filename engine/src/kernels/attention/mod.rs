@@ -76,7 +76,13 @@ pub fn attention_batch(parts: &[(&SeqCache, usize, &[f32])], layer: usize, spec:
     let rows = |q: &[f32]| q.len() / q_dim;
     let short = parts.iter().filter(|p| rows(p.2) < MIN_TILED_ROWS).count();
     if short < 2 || short * n_kv < 2 * candle_core::utils::get_num_threads() {
-        return parts.iter().flat_map(|&(cache, pos0, q)| attention(cache, layer, pos0, q, spec)).collect();
+        // Whole rows appended (collecting through `flat_map` went value by value: 1.5 %
+        // of a prefill).
+        let mut out = Vec::with_capacity(parts.iter().map(|p| p.2.len()).sum());
+        for &(cache, pos0, q) in parts {
+            out.extend_from_slice(&attention(cache, layer, pos0, q, spec));
+        }
+        return out;
     }
     grouped(parts, layer, spec)
 }
