@@ -66,7 +66,8 @@ pub(super) fn attend_tile(
     let mut probs = vec![f32::NEG_INFINITY; slots.len() * n];
     score_keys(&rows, order, &qs, &items, spec.scale, &slots, &mut probs);
     tile_probs(&mut probs, n, &slots);
-    let mut vals = vec![f16::ZERO; slots.len() * hd];
+    let mut scratch = SCRATCH.take();
+    let vals = sized(&mut scratch.vals, slots.len() * hd);
     for j in jlo..=jhi {
         // In 16-byte pieces: a copy of a length known only at run time is a `memmove`
         // call per key (7 % of batched decode).
@@ -79,7 +80,30 @@ pub(super) fn attend_tile(
             vals[slots.at(j) * hd + t..][..hd - t].copy_from_slice(&rows.v(j)[t..]);
         }
     }
-    weigh_tile(&slots, order, &vals, hd, &probs, n, out);
+    weigh_tile(&slots, order, vals, hd, &probs, n, (&mut scratch.sums, &mut scratch.lanes), out);
+    SCRATCH.set(scratch);
+}
+
+/// A thread's buffers for its tiles (V rows, slot sums, lane sums), reused from tile to
+/// tile without zeroing: a tile reads only elements it has written (entries outside a
+/// slot's `entries` are never read), and zeroing them cost more than filling them.
+#[derive(Default)]
+struct Scratch {
+    vals: Vec<f16>,
+    sums: Vec<f32>,
+    lanes: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Scratch> = std::cell::Cell::new(Scratch::default());
+}
+
+/// The first `n` elements of `v`, grown if need be (old contents left as they are).
+fn sized<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
 }
 
 /// One K/V head's rows of one layer over keys `keys`, by absolute position.
@@ -251,10 +275,20 @@ fn lanes8(order: Order, q: &[f32], k: &[f32]) -> [f32; 8] {
 /// into `out` (`[item][hd]`): each slot's chains in ascending key order, the slots
 /// combined per lane in `order`'s way as soon as a lane's slots are done, then the lanes
 /// reduced.
-fn weigh_tile(slots: &SlotMajor, order: Order, vals: &[f16], hd: usize, probs: &[f32], n: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn weigh_tile(
+    slots: &SlotMajor,
+    order: Order,
+    vals: &[f16],
+    hd: usize,
+    probs: &[f32],
+    n: usize,
+    (sums, lanes): (&mut Vec<f32>, &mut Vec<f32>),
+    out: &mut [f32],
+) {
     let groups = slots.slots / LANES;
-    let mut sums = vec![0.0f32; groups * n * hd]; // [group][item][dim]
-    let mut lanes = vec![0.0f32; n * LANES * hd]; // [item][lane][dim]
+    let sums = sized(sums, groups * n * hd); // [group][item][dim]
+    let lanes = sized(lanes, n * LANES * hd); // [item][lane][dim]
     for l in 0..LANES {
         for gr in 0..groups {
             let e = slots.entries(gr * LANES + l);
