@@ -19,6 +19,7 @@ use half::slice::HalfFloatSliceExt;
 
 mod order;
 mod probs;
+mod scores;
 mod tile;
 mod values;
 
@@ -427,7 +428,9 @@ mod speed {
     #[ignore = "micro-benchmark: cargo test --release -p corral-engine attend_speed -- --ignored --nocapture"]
     fn attend_speed() {
         crate::heap::keep_freed_buffers();
-        let (hd, n_kv, n_heads, n) = (64, 3, 9, 3500);
+        // SmolLM2's attention shape at 3,500 keys, or Gemma 3's at 512 (ATTEND_SHAPE=gemma).
+        let gemma = std::env::var("ATTEND_SHAPE").is_ok_and(|s| s == "gemma");
+        let (hd, n_kv, n_heads, n) = if gemma { (256, 1, 4, 512) } else { (64, 3, 9, 3500) };
         let mut cache = SeqCache::new(KvShape { n_layers: 1, kv_dim: n_kv * hd });
         cache.reserve(n);
         let f = |i: usize| ((i * 7919 % 1000) as f32 / 500.0) - 1.0;

@@ -13,10 +13,10 @@
 //!   every cached key with the masked ones at 0.
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 use super::order::{LANES, Order, reduce16_lanes};
 use super::probs::{SlotMajor, tile_probs};
+use super::scores::score_keys;
 use super::{AttnSpec, f16_round_into};
 use crate::kv::{BLOCK_TOKENS, SeqCache};
 
@@ -107,15 +107,15 @@ fn sized<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
 }
 
 /// One K/V head's rows of one layer over keys `keys`, by absolute position.
-struct KvRows<'a> {
+pub(super) struct KvRows<'a> {
     /// `(K plane, V plane)` of each block from the first key's.
     blocks: Vec<(&'a [f16], &'a [f16])>,
     /// Offset of the head's row within a position's `kv_dim` floats, and `kv_dim`.
     off: usize,
     kv_dim: usize,
-    hd: usize,
-    jlo: usize,
-    jhi: usize,
+    pub(super) hd: usize,
+    pub(super) jlo: usize,
+    pub(super) jhi: usize,
 }
 
 impl<'a> KvRows<'a> {
@@ -136,7 +136,7 @@ impl<'a> KvRows<'a> {
         (j / BLOCK_TOKENS - self.jlo / BLOCK_TOKENS, (j % BLOCK_TOKENS) * self.kv_dim + self.off)
     }
 
-    fn k(&self, j: usize) -> &'a [f16] {
+    pub(super) fn k(&self, j: usize) -> &'a [f16] {
         let (b, s) = self.at(j);
         &self.blocks[b].0[s..s + self.hd]
     }
@@ -145,130 +145,6 @@ impl<'a> KvRows<'a> {
         let (b, s) = self.at(j);
         &self.blocks[b].1[s..s + self.hd]
     }
-}
-
-/// Scaled scores of every item at every key it sees, into `out` (`[entry][item]`, entries
-/// of `slots`; the rest is left as it is).
-fn score_keys(
-    rows: &KvRows,
-    order: Order,
-    qs: &[f32],
-    items: &[(usize, usize)],
-    scale: f32,
-    slots: &SlotMajor,
-    out: &mut [f32],
-) {
-    let (hd, n) = (rows.hd, items.len());
-    let mut kbuf = vec![0.0f32; 8 * hd];
-    let eight = lanes8_fits(order, hd);
-    let mut j = rows.jlo;
-    while j <= rows.jhi {
-        let m = if eight && j + 8 <= rows.jhi + 1 { 8 } else { 1 };
-        let mut at = [0usize; 8];
-        for r in 0..m {
-            rows.k(j + r).convert_to_f32_slice(&mut kbuf[r * hd..][..hd]);
-            at[r] = slots.at(j + r) * n;
-        }
-        for (i, &(lo, pos)) in items.iter().enumerate() {
-            if j + m <= lo || j > pos {
-                continue;
-            }
-            let qi = &qs[i * hd..][..hd];
-            let s = if m == 8 { lanes8(order, qi, &kbuf) } else { [order.dot(qi, &kbuf[..hd]); 8] };
-            for r in 0..m {
-                if (lo..=pos).contains(&(j + r)) {
-                    out[at[r] + i] = s[r] * scale;
-                }
-            }
-        }
-        j += m;
-    }
-}
-
-/// Whether `lanes8` computes `order.dot` for this head size (no f64 tail).
-fn lanes8_fits(order: Order, hd: usize) -> bool {
-    match order {
-        Order::Batched => hd.is_multiple_of(LANES),
-        Order::Single => hd.is_multiple_of(64),
-    }
-}
-
-/// `order.dot(q, k_r)` for eight rows `k` (`[8][hd]`), each bit for bit.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-fn lanes8(order: Order, q: &[f32], k: &[f32]) -> [f32; 8] {
-    match (order, q.len()) {
-        (Order::Single, 64) => lanes8_hd::<64, true>(q, k),
-        (Order::Single, 128) => lanes8_hd::<128, true>(q, k),
-        (Order::Single, 256) => lanes8_hd::<256, true>(q, k),
-        (Order::Batched, 64) => lanes8_hd::<64, false>(q, k),
-        (Order::Batched, 128) => lanes8_hd::<128, false>(q, k),
-        (Order::Batched, 256) => lanes8_hd::<256, false>(q, k),
-        _ => std::array::from_fn(|r| order.dot(q, &k[r * q.len()..][..q.len()])),
-    }
-}
-
-/// `lanes8` for head size `HD`, in the one-row order if `SINGLE`. The query's `HD / 8`
-/// vectors are loaded once for the eight keys.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-#[inline(always)]
-fn lanes8_hd<const HD: usize, const SINGLE: bool>(q: &[f32], k: &[f32]) -> [f32; 8] {
-    use std::arch::x86_64::*;
-    assert!(q.len() == HD && HD <= 256 && k.len() >= 8 * HD);
-    let mut out = [0.0f32; 8];
-    // SAFETY: AVX2 and FMA are target features of this build; every load reads 8 floats
-    // at an offset + 8 <= HD of `q` or of one of `k`'s eight rows (asserted above).
-    unsafe {
-        // (HD / 8 of them: an array length cannot depend on HD in stable Rust.)
-        let qv: [__m256; 32] =
-            std::array::from_fn(
-                |c| if c < HD / 8 { _mm256_loadu_ps(q.as_ptr().add(c * 8)) } else { _mm256_setzero_ps() },
-            );
-        let pk = k.as_ptr();
-        // The first step of `reduce16` for row `r`: (lanes 8..16) + (lanes 0..8).
-        let t3 = |r: usize| {
-            let pr = pk.add(r * HD);
-            let kv = |i: usize| _mm256_loadu_ps(pr.add(i));
-            if SINGLE {
-                // Eight chains over 64-wide steps: chain c takes items 64 s + 8 c.
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for s in 0..HD / 64 {
-                    for (c, acc) in acc.iter_mut().enumerate() {
-                        *acc = _mm256_fmadd_ps(qv[s * 8 + c], kv(s * 64 + c * 8), *acc);
-                    }
-                }
-                let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
-                let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-                _mm256_add_ps(hi, lo)
-            } else {
-                let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                for s in 0..HD / LANES {
-                    lo = _mm256_fmadd_ps(qv[2 * s], kv(s * LANES), lo);
-                    hi = _mm256_fmadd_ps(qv[2 * s + 1], kv(s * LANES + 8), hi);
-                }
-                _mm256_add_ps(hi, lo)
-            }
-        };
-        // reduce16's second step for rows r, r + 1: [t6 of r | t6 of r + 1].
-        let t6 = |a: __m256, b: __m256| {
-            _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b))
-        };
-        // Its third: [r: t6[0] + t6[2], t6[1] + t6[3], r + 2: same | r + 1, r + 3].
-        let pairs =
-            |a: __m256, b: __m256| _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b));
-        let z0 = pairs(t6(t3(0), t3(1)), t6(t3(2), t3(3)));
-        let z1 = pairs(t6(t3(4), t3(5)), t6(t3(6), t3(7)));
-        // The last: rows [0, 2, 4, 6 | 1, 3, 5, 7], put in order.
-        let r = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(z0, z1), _mm256_shuffle_ps::<0xDD>(z0, z1));
-        let r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_ps(out.as_mut_ptr(), r);
-    }
-    out
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-fn lanes8(order: Order, q: &[f32], k: &[f32]) -> [f32; 8] {
-    let hd = q.len();
-    std::array::from_fn(|r| order.dot(q, &k[r * hd..][..hd]))
 }
 
 /// The V sums of every item (`probs`: `[entry][item]`, `n` items; `vals`: `[entry][hd]`)
