@@ -203,7 +203,7 @@ fn finish8(t: [std::arch::x86_64::__m256; 8]) -> [f32; 8] {
 
 /// Whether this CPU has AVX-512 F (`CORRAL_CPU_AVX512=0` says no, for A/B runs).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-fn avx512() -> bool {
+pub(super) fn avx512() -> bool {
     static HAS: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
         !std::env::var("CORRAL_CPU_AVX512").is_ok_and(|v| v == "0") && std::arch::is_x86_feature_detected!("avx512f")
     });

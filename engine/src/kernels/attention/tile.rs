@@ -24,6 +24,8 @@ use crate::kv::{BLOCK_TOKENS, SeqCache};
 const DIMS: usize = 16;
 /// Items a V register tile covers.
 const ITEMS: usize = 4;
+/// Items a V register tile covers with 512-bit vectors (16 dims in one register).
+const WIDE_ITEMS: usize = 8;
 
 /// The tile of K/V head `g` for query rows `ts` (queries `q`, `[T][n_heads][hd]`, at
 /// positions from `pos0`) into `out` (`[rows][group][hd]`).
@@ -171,7 +173,16 @@ fn weigh_tile(
             let (v, p) = (&vals[e.start * hd..e.end * hd], &probs[e.start * n..e.end * n]);
             let s = &mut sums[gr * n * hd..][..n * hd];
             for d0 in (0..hd).step_by(DIMS) {
-                for i0 in (0..n).step_by(ITEMS) {
+                let mut i0 = 0;
+                #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+                if hd - d0 >= DIMS && super::scores::avx512() {
+                    while i0 + WIDE_ITEMS <= n {
+                        // SAFETY: the CPU has AVX-512 F (`avx512`).
+                        unsafe { slot_sums_512(v, p, hd, d0, n, i0, &mut s[i0 * hd + d0..]) };
+                        i0 += WIDE_ITEMS;
+                    }
+                }
+                while i0 < n {
                     let at = &mut s[i0 * hd + d0..];
                     match (hd - d0 >= DIMS, ITEMS.min(n - i0)) {
                         (true, 4) => slot_sums::<4>(v, p, hd, d0, n, i0, at),
@@ -180,6 +191,7 @@ fn weigh_tile(
                         (true, _) => slot_sums::<1>(v, p, hd, d0, n, i0, at),
                         (false, ni) => slot_sums_scalar(v, p, hd, d0..hd, n, i0..i0 + ni, at),
                     }
+                    i0 += ITEMS;
                 }
             }
         }
@@ -228,6 +240,35 @@ fn slot_sums<const NB: usize>(v: &[f16], p: &[f32], hd: usize, d0: usize, n: usi
             let o = out.as_mut_ptr().add(i * hd);
             _mm256_storeu_ps(o, a[0]);
             _mm256_storeu_ps(o.add(8), a[1]);
+        }
+    }
+}
+
+/// `slot_sums::<8>` with 512-bit vectors: one register of 16 dims an item, each V row
+/// widened once for eight items; every lane's FMA chain is the same.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[target_feature(enable = "avx512f")]
+unsafe fn slot_sums_512(v: &[f16], p: &[f32], hd: usize, d0: usize, n: usize, i0: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let nk = v.len() / hd;
+    assert!(i0 + WIDE_ITEMS <= n && d0 + DIMS <= hd && p.len() >= nk * n);
+    assert!(out.len() >= (WIDE_ITEMS - 1) * hd + DIMS);
+    // SAFETY: entry `k < nk`'s V load reads halves `k * hd + d0 ..+ 16 <= v.len()`, its
+    // probabilities `k * n + i0 + i < p.len()`; the stores write `out[i * hd..][..16]`.
+    unsafe {
+        let mut a = [_mm512_setzero_ps(); WIDE_ITEMS];
+        for k in 0..nk {
+            let vk = _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().add(k * hd + d0).cast()));
+            let pk = p.as_ptr().add(k * n + i0);
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(vk, _mm512_set1_ps(*pk.add(i)), *a);
+            }
+        }
+        for (i, a) in a.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(i * hd), *a);
         }
     }
 }
