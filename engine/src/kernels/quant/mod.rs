@@ -185,11 +185,13 @@ impl QuantMatMul {
             return;
         }
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
-        let pair = tiles.map(|(quads, kernel)| {
-            move |ws: [&[W]; 2], r: usize| kernel(ws, std::array::from_fn(|j| row(r + j)), quads.group(r / 4, kb))
+        let wide = tiles.map(|(quads, kernel)| {
+            move |ws: [&[W]; tile::TILE_COLS], r: usize| {
+                kernel(ws, std::array::from_fn(|j| row(r + j)), quads.group(r / 4, kb))
+            }
         });
-        let pair = pair.as_ref().map(|p| p as PairFn<'_, W>);
-        self.column_groups(w, m, c, tile, size_of_val(row(0)), pair, |wr, r, o| match o.len() {
+        let wide = wide.as_ref().map(|p| p as WideFn<'_, W, { tile::TILE_COLS }>);
+        self.column_groups(w, m, c, tile, size_of_val(row(0)), wide, |wr, r, o| match o.len() {
             1 => o[0] = dot(wr, row(r)),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
             3 => o.copy_from_slice(&(dots.x3)(wr, std::array::from_fn(|j| row(r + j)))),
@@ -213,7 +215,7 @@ impl QuantMatMul {
         let kb = self.k_blocks;
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
         let pair = tiles.map(|kernel| move |ws: [&[W]; 2], r: usize| kernel(ws, std::array::from_fn(|j| row(r + j))));
-        let pair = pair.as_ref().map(|p| p as PairFn<'_, W>);
+        let pair = pair.as_ref().map(|p| p as WideFn<'_, W, 2>);
         self.column_groups(w, m, c, tile, size_of_val(row(0)), pair, |wr, r, o| match o.len() {
             1 => o.copy_from_slice(&(dots.x1)(wr, [row(r)])),
             2 => o.copy_from_slice(&(dots.x2)(wr, [row(r), row(r + 1)])),
@@ -224,19 +226,19 @@ impl QuantMatMul {
 
     /// Each column of the chunk against the rows four at a time (the last group holds
     /// what is left): `group(weights of the column, first row, outputs of the group)`;
-    /// with a `pair` kernel, whole groups of four go two columns at a time
-    /// (`pair([two columns' weights], first row) -> [column][row]`).
+    /// with a `wide` kernel, whole groups of four go `C` columns at a time
+    /// (`wide([C columns' weights], first row) -> [column][row]`).
     /// Rows go in blocks whose activations (`row_bytes` each) stay in L1 while every
     /// column of the chunk passes over them; the order changes no row's arithmetic.
     #[allow(clippy::too_many_arguments)]
-    fn column_groups<W>(
+    fn column_groups<W, const C: usize>(
         &self,
         w: &[W],
         m: usize,
         c: usize,
         tile: &mut [f32],
         row_bytes: usize,
-        pair: Option<PairFn<'_, W>>,
+        wide: Option<WideFn<'_, W, C>>,
         group: impl Fn(&[W], usize, &mut [f32]),
     ) {
         let kb = self.k_blocks;
@@ -255,21 +257,23 @@ impl QuantMatMul {
                 group(weights(j), r, got);
                 got.iter().enumerate().for_each(|(k, &v)| tile[(r + k) * width + j] = v);
             };
-            if let Some(pair) = pair.filter(|_| whole > first) {
-                while i + 1 < width {
-                    let ws = [weights(i), weights(i + 1)];
+            if let Some(wide) = wide.filter(|_| whole > first) {
+                while i + C <= width {
+                    let ws = std::array::from_fn(|j| weights(i + j));
                     for r in (first..whole).step_by(4) {
-                        let got = pair(ws, r);
+                        let got = wide(ws, r);
                         for k in 0..4 {
-                            tile[(r + k) * width + i] = got[0][k];
-                            tile[(r + k) * width + i + 1] = got[1][k];
+                            for (j, col) in got.iter().enumerate() {
+                                tile[(r + k) * width + i + j] = col[k];
+                            }
                         }
                     }
                     if whole < last {
-                        rows(tile, i, whole);
-                        rows(tile, i + 1, whole);
+                        for j in i..i + C {
+                            rows(tile, j, whole);
+                        }
                     }
-                    i += 2;
+                    i += C;
                 }
             }
             for j in i..width {
@@ -336,9 +340,9 @@ impl Acts {
     }
 }
 
-/// A two-column tile kernel bound to its activations: `(two columns' weights, first of
-/// four rows) -> [column][row]`.
-type PairFn<'a, W> = &'a dyn Fn([&[W]; 2], usize) -> [[f32; 4]; 2];
+/// A `C`-column tile kernel bound to its activations: `(C columns' weights, first of four
+/// rows) -> [column][row]`.
+type WideFn<'a, W, const C: usize> = &'a dyn Fn([&[W]; C], usize) -> [[f32; 4]; C];
 
 /// Columns per work chunk: enough to amortize scheduling, small enough to balance.
 const COLS: usize = 16;

@@ -1,15 +1,15 @@
-//! Two weight columns against four activation rows per call (prefill and batches, on
-//! CPUs with AVX-512 VNNI): a register tile of eight (row, column) dots. Each dot keeps
+//! Four weight columns against four activation rows per call (prefill and batches, on
+//! CPUs with AVX-512 VNNI): a register tile of sixteen (row, column) dots. Each dot keeps
 //! exactly the one-row kernel's arithmetic (`super::dot`): per block the exact integer
 //! lanes, `acc = fma(d_w * d_a, lanes, acc)`, ggml's horizontal sum, plus Q4_1's
 //! `summs = fma(m, s, summs)` chain. What the tile changes is how many instructions
 //! form those values:
-//! - an activation block is loaded once for both columns, a weight block unpacked once
-//!   for all four rows;
-//! - the eight scale products `d_w * d_a` come from one vector multiply (the rows'
+//! - an activation block is loaded once for the four columns, a weight block unpacked
+//!   once for all four rows;
+//! - the scale products `d_w * d_a` come eight to a vector multiply (the rows'
 //!   scales side by side in `Quads`) and reach their FMAs as broadcast loads, where the
 //!   four-row kernel spent a multiply and a shuffle on each;
-//! - Q4_1's eight `summs` chains are one vector FMA;
+//! - Q4_1's `summs` chains are eight to a vector FMA;
 //! - Q5_0's signed weights are multiplied as `q + 16` (unsigned, as `vpdpbusd` wants)
 //!   with the activations' lane sums times -16 as the starting value, instead of moving
 //!   the weights' signs onto every activation block. Integer sums are exact, so the
@@ -63,8 +63,11 @@ pub(crate) struct QuadsRef<'a> {
     off16: &'a [[[i32; 8]; 4]],
 }
 
-/// Two weight columns against four rows (whose `Quads` group is given): `[column][row]`.
-pub(crate) type Tile<W> = fn([&[W]; 2], [&[ActQ8]; 4], QuadsRef<'_>) -> [[f32; 4]; 2];
+/// Columns a tile covers.
+pub(crate) const TILE_COLS: usize = 4;
+
+/// Four weight columns against four rows (whose `Quads` group is given): `[column][row]`.
+pub(crate) type Tile<W> = fn([&[W]; TILE_COLS], [&[ActQ8]; 4], QuadsRef<'_>) -> [[f32; 4]; TILE_COLS];
 
 /// The tile kernel for Q4_1 weights, where this CPU runs it.
 pub(crate) fn q4_1() -> Option<Tile<BlockQ4_1>> {
@@ -88,22 +91,33 @@ mod imp {
         isa::vnni()
     }
 
-    fn blocks<W>(w: &[&[W]; 2], a: &[&[ActQ8]; 4], q: &QuadsRef<'_>) -> usize {
-        a.iter().map(|a| a.len()).chain([w[1].len(), q.d.len(), q.s.len(), q.off16.len()]).fold(w[0].len(), usize::min)
+    const C: usize = super::TILE_COLS;
+
+    fn blocks<W>(w: &[&[W]; C], a: &[&[ActQ8]; 4], q: &QuadsRef<'_>) -> usize {
+        let lens = a.iter().map(|a| a.len()).chain(w.iter().map(|w| w.len()));
+        lens.chain([q.d.len(), q.s.len(), q.off16.len()]).fold(usize::MAX, usize::min)
     }
 
-    /// `acc[c][r] = fma(p[4c + r], float(lanes(c, r)), acc[c][r])`, the lanes being
-    /// `vpdpbusd(start[r], x[c], y[r])`.
+    /// `acc[c][r] = fma(p[c / 2][4 (c % 2) + r], float(lanes(c, r)), acc[c][r])`, the
+    /// lanes being `vpdpbusd(start[r], x[c], y[r])`.
     ///
     /// # Safety
     /// The CPU has AVX-512 F, VL and VNNI.
     #[inline(always)]
-    unsafe fn fold(acc: &mut [[__m256; 4]; 2], p: __m256, x: [__m256i; 2], y: [__m256i; 4], start: [__m256i; 4]) {
-        let mut ps = [0.0f32; 8];
+    unsafe fn fold(
+        acc: &mut [[__m256; 4]; C],
+        p: [__m256; C / 2],
+        x: [__m256i; C],
+        y: [__m256i; 4],
+        start: [__m256i; 4],
+    ) {
+        let mut ps = [0.0f32; 4 * C];
         unsafe {
-            _mm256_storeu_ps(ps.as_mut_ptr(), p);
+            for (h, p) in p.iter().enumerate() {
+                _mm256_storeu_ps(ps.as_mut_ptr().add(8 * h), *p);
+            }
             for r in 0..4 {
-                for c in 0..2 {
+                for c in 0..C {
                     let lanes = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start[r], x[c], y[r]));
                     acc[c][r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&ps[4 * c + r]), lanes, acc[c][r]);
                 }
@@ -117,58 +131,64 @@ mod imp {
         unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
     }
 
-    pub(super) fn q4_1(w: [&[BlockQ4_1]; 2], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; 2] {
+    pub(super) fn q4_1(w: [&[BlockQ4_1]; C], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; C] {
         // SAFETY: `available` (checked before this kernel is handed out) says the CPU
         // has the instructions.
         unsafe { q4_1_enabled(w, a, q) }
     }
 
     #[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
-    unsafe fn q4_1_enabled(w: [&[BlockQ4_1]; 2], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; 2] {
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-        let mut summs = _mm256_setzero_ps();
+    unsafe fn q4_1_enabled(w: [&[BlockQ4_1]; C], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; C] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; C];
+        // Columns 2h and 2h + 1's chains in lanes 0..4 and 4..8 of `summs[h]`.
+        let mut summs = [_mm256_setzero_ps(); C / 2];
         let (lo, hi) = (_mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2), _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
         let nib = _mm256_set1_epi8(0x0f);
         let zero = _mm256_setzero_si256();
         for b in 0..blocks(&w, &a, &q) {
-            let (w0, w1) = (&w[0][b], &w[1][b]);
+            let wb: [&BlockQ4_1; C] = std::array::from_fn(|c| &w[c][b]);
             let unpack = |wb: &BlockQ4_1| {
                 // SAFETY: reads the 16 bytes of the array.
                 let v = unsafe { _mm_loadu_si128(wb.qs.as_ptr().cast()) };
                 _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nib)
             };
-            let x = [unpack(w0), unpack(w1)];
+            let x = wb.map(unpack);
             let bits = |wb: &BlockQ4_1| (wb.d.to_bits() as u32 | (wb.m.to_bits() as u32) << 16) as i32;
-            // [d0, m0, d1, m1], widened exactly.
-            let dm = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_setr_epi32(bits(w0), bits(w1), 0, 0)));
-            let (dw, mw) = (_mm256_permutevar8x32_ps(dm, lo), _mm256_permutevar8x32_ps(dm, hi));
             // SAFETY: each reads the four f32 of an array.
             let (da, sa) = unsafe {
                 (_mm256_broadcast_ps(&*q.d[b].as_ptr().cast::<__m128>()), _mm256_broadcast_ps(&*q.s[b].as_ptr().cast()))
             };
-            summs = _mm256_fmadd_ps(mw, sa, summs);
+            let p = std::array::from_fn(|h| {
+                // [d, m of column 2h, d, m of column 2h + 1], widened exactly.
+                let dm =
+                    _mm256_castps128_ps256(_mm_cvtph_ps(_mm_setr_epi32(bits(wb[2 * h]), bits(wb[2 * h + 1]), 0, 0)));
+                let (dw, mw) = (_mm256_permutevar8x32_ps(dm, lo), _mm256_permutevar8x32_ps(dm, hi));
+                summs[h] = _mm256_fmadd_ps(mw, sa, summs[h]);
+                _mm256_mul_ps(dw, da)
+            });
             let y = std::array::from_fn(|r| load(&a[r][b].qs));
-            unsafe { fold(&mut acc, _mm256_mul_ps(dw, da), x, y, [zero; 4]) };
+            unsafe { fold(&mut acc, p, x, y, [zero; 4]) };
         }
-        let mut sm = [0.0f32; 8];
-        unsafe { _mm256_storeu_ps(sm.as_mut_ptr(), summs) };
-        [finish(acc[0], [sm[0], sm[1], sm[2], sm[3]]), finish(acc[1], [sm[4], sm[5], sm[6], sm[7]])]
+        let mut sm = [0.0f32; 4 * C];
+        for (h, s) in summs.iter().enumerate() {
+            unsafe { _mm256_storeu_ps(sm.as_mut_ptr().add(8 * h), *s) };
+        }
+        std::array::from_fn(|c| finish(acc[c], std::array::from_fn(|r| sm[4 * c + r])))
     }
 
-    pub(super) fn q5_0(w: [&[BlockQ5_0]; 2], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; 2] {
+    pub(super) fn q5_0(w: [&[BlockQ5_0]; C], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; C] {
         // SAFETY: as in `q4_1`.
         unsafe { q5_0_enabled(w, a, q) }
     }
 
     #[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
-    unsafe fn q5_0_enabled(w: [&[BlockQ5_0]; 2], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; 2] {
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+    unsafe fn q5_0_enabled(w: [&[BlockQ5_0]; C], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; C] {
+        let mut acc = [[_mm256_setzero_ps(); 4]; C];
         let sixteen = _mm256_set1_epi8(16);
         for b in 0..blocks(&w, &a, &q) {
-            let (w0, w1) = (&w[0][b], &w[1][b]);
+            let wb: [&BlockQ5_0; C] = std::array::from_fn(|c| &w[c][b]);
             // q - 16 in -16..16 as the unsigned q; the offsets take the 16 back out.
-            let x = [_mm256_add_epi8(load(&w0.qs), sixteen), _mm256_add_epi8(load(&w1.qs), sixteen)];
-            let dw = _mm256_set_m128(_mm_set1_ps(w1.d), _mm_set1_ps(w0.d));
+            let x = wb.map(|wb| _mm256_add_epi8(load(&wb.qs), sixteen));
             // SAFETY: reads the four f32 of an array, and the eight i32 of each offset.
             let (da, start) = unsafe {
                 (
@@ -176,10 +196,13 @@ mod imp {
                     std::array::from_fn(|r| _mm256_loadu_si256(q.off16[b][r].as_ptr().cast())),
                 )
             };
+            let p = std::array::from_fn(|h| {
+                _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(wb[2 * h + 1].d), _mm_set1_ps(wb[2 * h].d)), da)
+            });
             let y = std::array::from_fn(|r| load(&a[r][b].qs));
-            unsafe { fold(&mut acc, _mm256_mul_ps(dw, da), x, y, start) };
+            unsafe { fold(&mut acc, p, x, y, start) };
         }
-        [finish(acc[0], [0.0; 4]), finish(acc[1], [0.0; 4])]
+        acc.map(|acc| finish(acc, [0.0; 4]))
     }
 }
 
@@ -191,11 +214,11 @@ mod imp {
         false
     }
 
-    pub(super) fn q4_1(_: [&[BlockQ4_1]; 2], _: [&[ActQ8]; 4], _: QuadsRef<'_>) -> [[f32; 4]; 2] {
+    pub(super) fn q4_1(_: [&[BlockQ4_1]; 4], _: [&[ActQ8]; 4], _: QuadsRef<'_>) -> [[f32; 4]; 4] {
         unreachable!("never handed out off x86-64")
     }
 
-    pub(super) fn q5_0(_: [&[BlockQ5_0]; 2], _: [&[ActQ8]; 4], _: QuadsRef<'_>) -> [[f32; 4]; 2] {
+    pub(super) fn q5_0(_: [&[BlockQ5_0]; 4], _: [&[ActQ8]; 4], _: QuadsRef<'_>) -> [[f32; 4]; 4] {
         unreachable!("never handed out off x86-64")
     }
 }
@@ -235,9 +258,10 @@ mod tests {
         let col = |c: usize| &w[c * kb..(c + 1) * kb];
         let row = |r: usize| &acts[r * kb..(r + 1) * kb];
         for g in 0..m / 4 {
-            for c0 in [0, 2] {
-                let got = tile([col(c0), col(c0 + 1)], std::array::from_fn(|j| row(4 * g + j)), quads.group(g, kb));
-                for c in 0..2 {
+            for c0 in [0, TILE_COLS] {
+                let cols = std::array::from_fn(|c| col(c0 + c));
+                let got = tile(cols, std::array::from_fn(|j| row(4 * g + j)), quads.group(g, kb));
+                for c in 0..TILE_COLS {
                     for j in 0..4 {
                         let want = one(col(c0 + c), row(4 * g + j));
                         assert_eq!(got[c][j].to_bits(), want.to_bits(), "group {g} column {} row {j}", c0 + c);
@@ -253,7 +277,7 @@ mod tests {
             eprintln!("no AVX-512 VNNI here: the tile kernels are never used");
             return;
         };
-        let (k, m, n) = (7 * QK, 12, 4);
+        let (k, m, n) = (7 * QK, 12, 2 * TILE_COLS);
         let kb = k / QK;
         let x = rows(m, k);
         let w41 = parse_q4_1(&bytes(n * kb, 20, 2, 1));
@@ -278,14 +302,14 @@ mod tests {
             let start = Instant::now();
             let mut sink = 0.0;
             for _ in 0..reps {
-                for c in (0..n).step_by(2) {
-                    let got =
-                        t([&w[c * kb..][..kb], &w[(c + 1) * kb..][..kb]], std::array::from_fn(row), q.group(0, kb));
-                    sink += got[0][0] + got[1][3];
+                for c in (0..n).step_by(TILE_COLS) {
+                    let cols = std::array::from_fn(|j| &w[(c + j) * kb..][..kb]);
+                    let got = t(cols, std::array::from_fn(row), q.group(0, kb));
+                    sink += got[0][0] + got[3][3];
                 }
             }
             let per = start.elapsed().as_secs_f64() * 1e9 / (reps * n * kb * 4) as f64;
-            eprintln!("{name} 2x4 tile: {per:.3} ns per block and row ({sink})");
+            eprintln!("{name} 4x4 tile: {per:.3} ns per block and row ({sink})");
         }
         time("q4_1", &parse_q4_1(&bytes(n * kb, 20, 2, 1)), &a1, &q1, t41, kb, n, reps);
         time("q5_0", &parse_q5_0(&bytes(n * kb, 22, 1, 2)), &a0, &q0, t50, kb, n, reps);
