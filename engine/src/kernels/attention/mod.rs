@@ -163,11 +163,14 @@ fn tiled(
     // Enough items to share each K and V row, and enough tiles for every thread.
     let rows = (TILE_ITEMS / group).min(t_len * spec.n_kv_heads / (2 * threads)).clamp(1, 8);
     let n_tt = t_len.div_ceil(rows);
-    // Tiles in (kv head, row tile) order; each owns a contiguous [rows][group][hd] chunk.
+    // Tiles in (kv head, row tile) order, the last rows first: they see the most keys, and
+    // the pool hands tiles out in order, so the cheap ones are left for the end (the other
+    // thread waited up to a grab of the dearest tiles otherwise). Each tile owns a
+    // contiguous [rows][group][hd] chunk.
     let chunk = rows * group * hd;
     // Tile -> (its K/V head, its query rows).
     let tile_of = |tile: usize| {
-        let tt = tile % n_tt;
+        let tt = n_tt - 1 - tile % n_tt;
         (tile / n_tt, tt * rows..((tt + 1) * rows).min(t_len))
     };
     let mut buf = vec![0.0f32; spec.n_kv_heads * n_tt * chunk];
