@@ -28,6 +28,10 @@ pub(crate) fn dots_q6_k() -> KDots<BlockQ6K> {
     KDots { x1: imp::q6_k::<1>, x2: imp::q6_k::<2>, x3: imp::q6_k::<3>, x4: imp::q6_k::<4> }
 }
 
+/// Shared with the tiles (`super::ktile`).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+pub(super) use imp::{at, bsums16};
+
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 mod imp {
     use std::arch::x86_64::*;
@@ -43,7 +47,7 @@ mod imp {
 
     /// The 32 bytes at `i` of a 256-byte array, as a vector.
     #[inline(always)]
-    fn at<T>(v: &[T; 256], i: usize) -> __m256i {
+    pub(in super::super) fn at<T>(v: &[T; 256], i: usize) -> __m256i {
         let s: &[T; 32] = v[i..i + 32].try_into().expect("in bounds");
         unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
     }
@@ -64,9 +68,9 @@ mod imp {
         }
     }
 
-    /// A Q8_K row's sixteen sums of 16 as i16 lanes, in order (they fit: |sum| <= 2032).
+    /// A Q8_K row's sixteen sums of 16 as i16 lanes, in order (they fit: |sum| <= 2048).
     #[inline(always)]
-    unsafe fn bsums16(bsums: &[i32; 16]) -> __m256i {
+    pub(in super::super) unsafe fn bsums16(bsums: &[i32; 16]) -> __m256i {
         unsafe {
             let p = bsums.as_ptr().cast::<__m256i>();
             // `packs` interleaves the two inputs by 128-bit lane; the permute restores order.

@@ -34,6 +34,7 @@ mod imp {
 
     use super::super::dot::xn::finish;
     use super::super::isa;
+    use super::super::krows::{at, bsums16};
     use super::super::stream::prefetch;
     use super::{ActQ8K, BlockQ4K, BlockQ6K};
 
@@ -49,29 +50,10 @@ mod imp {
         a.iter().map(|a| a.len()).fold(w[0].len().min(w[1].len()), usize::min)
     }
 
-    /// The 32 bytes at `i` of a 256-byte array, as a vector.
-    #[inline(always)]
-    fn at<T>(v: &[T; 256], i: usize) -> __m256i {
-        let s: &[T; 32] = v[i..i + 32].try_into().expect("in bounds");
-        unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
-    }
-
     /// Sixteen bytes in both 128-bit halves.
     #[inline(always)]
     unsafe fn both_halves<T>(v: &[T; 16]) -> __m256i {
         unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(v.as_ptr().cast())) }
-    }
-
-    /// A Q8_K row's sixteen sums of 16 as i16 lanes, in order (they fit: |sum| <= 2048).
-    #[inline(always)]
-    unsafe fn bsums16(bsums: &[i32; 16]) -> __m256i {
-        unsafe {
-            let p = bsums.as_ptr().cast::<__m256i>();
-            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(
-                _mm256_loadu_si256(p),
-                _mm256_loadu_si256(p.add(1)),
-            ))
-        }
     }
 
     /// Lane `i` the sum of the eight i32 lanes of `v[i]` (exact).
