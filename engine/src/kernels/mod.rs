@@ -10,6 +10,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod attention;
+mod lanes;
 mod linear;
 pub mod ops;
 pub(crate) mod quant;

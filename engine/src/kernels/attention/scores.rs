@@ -180,24 +180,9 @@ unsafe fn lanes8_512<const HD: usize, const SINGLE: bool>(q: &[f32], k: &[f32]) 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 #[inline(always)]
 fn finish8(t: [std::arch::x86_64::__m256; 8]) -> [f32; 8] {
-    use std::arch::x86_64::*;
     let mut out = [0.0f32; 8];
     // SAFETY: AVX2 is a target feature of this build; the store writes `out`'s 8 floats.
-    unsafe {
-        // reduce16's second step for rows r, r + 1: [t6 of r | t6 of r + 1].
-        let t6 = |a: __m256, b: __m256| {
-            _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(a, b), _mm256_permute2f128_ps::<0x31>(a, b))
-        };
-        // Its third: [r: t6[0] + t6[2], t6[1] + t6[3], r + 2: same | r + 1, r + 3].
-        let pairs =
-            |a: __m256, b: __m256| _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b));
-        let z0 = pairs(t6(t[0], t[1]), t6(t[2], t[3]));
-        let z1 = pairs(t6(t[4], t[5]), t6(t[6], t[7]));
-        // The last: rows [0, 2, 4, 6 | 1, 3, 5, 7], put in order.
-        let r = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(z0, z1), _mm256_shuffle_ps::<0xDD>(z0, z1));
-        let r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_ps(out.as_mut_ptr(), r);
-    }
+    unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), crate::kernels::lanes::hsum8_each(t)) };
     out
 }
 

@@ -83,9 +83,9 @@ pub(crate) fn q5_0() -> Option<Tile<BlockQ5_0>> {
 mod imp {
     use std::arch::x86_64::*;
 
-    use super::super::dot::xn::finish;
     use super::super::isa;
     use super::{ActQ8, BlockQ4_1, BlockQ5_0, QuadsRef};
+    use crate::kernels::lanes::hsum8_each;
 
     pub(super) fn available() -> bool {
         isa::vnni()
@@ -169,11 +169,7 @@ mod imp {
             let y = std::array::from_fn(|r| load(&a[r][b].qs));
             unsafe { fold(&mut acc, p, x, y, [zero; 4]) };
         }
-        let mut sm = [0.0f32; 4 * C];
-        for (h, s) in summs.iter().enumerate() {
-            unsafe { _mm256_storeu_ps(sm.as_mut_ptr().add(8 * h), *s) };
-        }
-        std::array::from_fn(|c| finish(acc[c], std::array::from_fn(|r| sm[4 * c + r])))
+        unsafe { finish(&acc, summs) }
     }
 
     pub(super) fn q5_0(w: [&[BlockQ5_0]; C], a: [&[ActQ8]; 4], q: QuadsRef<'_>) -> [[f32; 4]; C] {
@@ -202,7 +198,26 @@ mod imp {
             let y = std::array::from_fn(|r| load(&a[r][b].qs));
             unsafe { fold(&mut acc, p, x, y, start) };
         }
-        acc.map(|acc| finish(acc, [0.0; 4]))
+        unsafe { finish(&acc, [_mm256_setzero_ps(); C / 2]) }
+    }
+
+    /// Each dot's eight lanes in `hsum8`'s order plus its `extra` (columns 2h and 2h + 1
+    /// in lanes 0..4 and 4..8 of `extra[h]`), eight dots side by side: the same additions
+    /// as `dot::xn::finish` one dot at a time.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F and VL (only the AVX2 forms are used).
+    #[inline(always)]
+    unsafe fn finish(acc: &[[__m256; 4]; C], extra: [__m256; C / 2]) -> [[f32; 4]; C] {
+        let mut out = [[0.0f32; 4]; C];
+        for (h, extra) in extra.iter().enumerate() {
+            let sums = hsum8_each(std::array::from_fn(|i| acc[2 * h + i / 4][i % 4]));
+            let mut l = [0.0f32; 8];
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), _mm256_add_ps(sums, *extra)) };
+            out[2 * h] = std::array::from_fn(|r| l[r]);
+            out[2 * h + 1] = std::array::from_fn(|r| l[4 + r]);
+        }
+        out
     }
 }
 
