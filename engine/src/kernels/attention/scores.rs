@@ -60,28 +60,27 @@ fn lanes8_fits(order: Order, hd: usize) -> bool {
 /// `order.dot(q, k_r)` for eight rows `k` (`[8][hd]`), each bit for bit.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 fn lanes8(order: Order, q: &[f32], k: &[f32]) -> [f32; 8] {
-    if avx512() {
-        // SAFETY: the CPU has AVX-512 F (`avx512`).
-        return unsafe {
-            match (order, q.len()) {
-                (Order::Single, 64) => lanes8_512::<64, true>(q, k),
-                (Order::Single, 128) => lanes8_512::<128, true>(q, k),
-                (Order::Single, 256) => lanes8_512::<256, true>(q, k),
-                (Order::Batched, 64) => lanes8_512::<64, false>(q, k),
-                (Order::Batched, 128) => lanes8_512::<128, false>(q, k),
-                (Order::Batched, 256) => lanes8_512::<256, false>(q, k),
-                _ => std::array::from_fn(|r| order.dot(q, &k[r * q.len()..][..q.len()])),
-            }
-        };
-    }
+    let wide = avx512();
     match (order, q.len()) {
-        (Order::Single, 64) => lanes8_hd::<64, true>(q, k),
-        (Order::Single, 128) => lanes8_hd::<128, true>(q, k),
-        (Order::Single, 256) => lanes8_hd::<256, true>(q, k),
-        (Order::Batched, 64) => lanes8_hd::<64, false>(q, k),
-        (Order::Batched, 128) => lanes8_hd::<128, false>(q, k),
-        (Order::Batched, 256) => lanes8_hd::<256, false>(q, k),
+        (Order::Single, 64) => lanes8_at::<64, true>(wide, q, k),
+        (Order::Single, 128) => lanes8_at::<128, true>(wide, q, k),
+        (Order::Single, 256) => lanes8_at::<256, true>(wide, q, k),
+        (Order::Batched, 64) => lanes8_at::<64, false>(wide, q, k),
+        (Order::Batched, 128) => lanes8_at::<128, false>(wide, q, k),
+        (Order::Batched, 256) => lanes8_at::<256, false>(wide, q, k),
         _ => std::array::from_fn(|r| order.dot(q, &k[r * q.len()..][..q.len()])),
+    }
+}
+
+/// `lanes8` for head size `HD`, with 512-bit vectors if `wide` (the CPU has AVX-512 F).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+#[inline(always)]
+fn lanes8_at<const HD: usize, const SINGLE: bool>(wide: bool, q: &[f32], k: &[f32]) -> [f32; 8] {
+    if wide {
+        // SAFETY: `wide` says the CPU has AVX-512 F (`avx512`).
+        unsafe { lanes8_512::<HD, SINGLE>(q, k) }
+    } else {
+        lanes8_hd::<HD, SINGLE>(q, k)
     }
 }
 

@@ -165,6 +165,8 @@ fn weigh_tile(
     out: &mut [f32],
 ) {
     let groups = slots.slots / LANES;
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    let wide = super::scores::avx512();
     let sums = sized(sums, groups * n * hd); // [group][item][dim]
     let lanes = sized(lanes, n * LANES * hd); // [item][lane][dim]
     for l in 0..LANES {
@@ -175,7 +177,7 @@ fn weigh_tile(
             for d0 in (0..hd).step_by(DIMS) {
                 let mut i0 = 0;
                 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-                if hd - d0 >= DIMS && super::scores::avx512() {
+                if hd - d0 >= DIMS && wide {
                     while i0 + WIDE_ITEMS <= n {
                         // SAFETY: the CPU has AVX-512 F (`avx512`).
                         unsafe { slot_sums_512(v, p, hd, d0, n, i0, &mut s[i0 * hd + d0..]) };
