@@ -114,10 +114,15 @@ impl Gpu {
         keep_pool(&ctx)?;
         let (major, minor) = ctx.compute_capability().map_err(drv("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
+        // NVRTC compiles each program on its own thread (the GEMV program alone takes
+        // seconds); loading stays on this one.
+        let bins: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = programs::ALL.iter().map(|p| s.spawn(|| compile_cubin(p, &arch))).collect();
+            jobs.into_iter().map(|j| j.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        });
         let mut modules = HashMap::new();
-        for p in programs::ALL {
-            let bin = compile_cubin(p, &arch)?;
-            let module = ctx.load_module(Ptx::from_binary(bin)).map_err(drv("load module"))?;
+        for (p, bin) in programs::ALL.iter().zip(bins) {
+            let module = ctx.load_module(Ptx::from_binary(bin?)).map_err(drv("load module"))?;
             modules.insert(p.name, module);
         }
         let name = ctx.name().unwrap_or_default();

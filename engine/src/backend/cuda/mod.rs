@@ -15,6 +15,7 @@ pub mod fit;
 mod forward;
 mod fused;
 mod gemm;
+mod gemv;
 mod graph;
 mod kv;
 mod mmq;
@@ -25,6 +26,8 @@ mod weights;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_gemv;
 #[cfg(test)]
 mod tests_kv;
 #[cfg(test)]

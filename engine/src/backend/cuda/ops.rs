@@ -5,7 +5,7 @@ use candle_core::quantized::GgmlDType;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
-use super::programs::{EMBED, GEMV, OPS, QUANTIZE};
+use super::programs::{EMBED, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
 use crate::kernels::ops::RopeStyle;
@@ -61,38 +61,15 @@ pub struct DeviceAct {
     pub bsums: CudaSlice<i32>,
 }
 
-/// One matrix of a `gemv3` launch (`Mat` in `gemv.cu`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Mat {
-    qs: u64,
-    d: u64,
-    m: u64,
-    aux: u64,
-    y: u64,
-    n: i32,
-}
-
-// SAFETY: plain integers laid out as the kernel's `Mat` (five pointers and an int).
-unsafe impl cudarc::driver::DeviceRepr for Mat {}
-
-impl Mat {
-    fn of(w: &DeviceWeights, y: u64, s: &cudarc::driver::CudaStream) -> Result<Self> {
-        let p = |b: &CudaSlice<u8>| b.device_ptr(s).0;
-        let f = |b: &CudaSlice<f32>| b.device_ptr(s).0;
-        Ok(Self { qs: p(&w.qs), d: f(&w.d), m: f(&w.m), aux: p(&w.aux), y, n: int(w.n)? })
-    }
-}
-
-fn shape(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+pub(super) fn shape(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
     if ok { Ok(()) } else { Err(Error::Cuda { op: "shape check", reason: what() }) }
 }
 
-fn int(v: usize) -> Result<i32> {
+pub(super) fn int(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Cuda { op: "shape check", reason: format!("{v} exceeds i32") })
 }
 
-fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
+pub(super) fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
     let grid = threads.div_ceil(per_block).max(1);
     Ok(LaunchConfig { grid_dim: (int(grid)? as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 })
 }
@@ -177,105 +154,6 @@ impl Gpu {
                 // SAFETY: as above; bsums holds 16 per super-block.
                 unsafe { b.launch(cfg) }.map_err(drv("quantize_q8_k"))?;
             }
-        }
-        Ok(())
-    }
-
-    /// `y[r][j] = W[j] . x[r]` for every row of `act` (already quantized for `w`);
-    /// `y` is `[act.rows, w.n]`.
-    pub fn gemv(&self, w: &DeviceWeights, act: &DeviceAct, y: &mut CudaSlice<f32>) -> Result<()> {
-        self.gemv_rows(w, act, y, 0..act.rows)
-    }
-
-    /// `gemv` for rows `rows` of `act` only (into the same rows of `y`).
-    pub fn gemv_rows(
-        &self,
-        w: &DeviceWeights,
-        act: &DeviceAct,
-        y: &mut CudaSlice<f32>,
-        rows: std::ops::Range<usize>,
-    ) -> Result<()> {
-        shape(rows.end <= act.rows, || format!("rows {rows:?} of {}", act.rows))?;
-        let want = ActFormat::for_weights(w.dtype);
-        shape(want == Some(act.format), || {
-            format!("{:?} weights need {want:?} activations, got {:?}", w.dtype, act.format)
-        })?;
-        shape(act.k == w.k, || format!("activations have k = {}, weights {}", act.k, w.k))?;
-        shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
-        let names = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
-        let f = self.function(&GEMV, names[type_index(w.dtype)?])?;
-        let bs = act.format.block();
-        let kb = w.k / bs;
-        let (n, kbi) = (int(w.n)?, int(kb)?);
-        const WARPS: usize = 4;
-        let cfg = blocks_of(w.n * 32, WARPS * 32)?;
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
-            let ri = int(chunk)?;
-            let a = act.rows_from(r0);
-            let mut yv = y.slice_mut(r0 * w.n..);
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
-            a.push(&mut b);
-            b.arg(&mut yv).arg(&n).arg(&kbi).arg(&ri);
-            // SAFETY: weights hold n*kb blocks in the layout the kernel reads; the views
-            // start at row r0 and hold `chunk` rows; y holds chunk*n from r0*n.
-            unsafe { b.launch(cfg) }.map_err(drv("gemv"))?;
-            r0 += chunk;
-        }
-        Ok(())
-    }
-
-    /// `gemv_rows` for two or three matrices of one format (and width) against the same
-    /// activations, in one launch per 8 rows; `ys[i]` is `[act.rows, ws[i].n]`.
-    pub fn gemv_many(
-        &self,
-        ws: &[&DeviceWeights],
-        act: &DeviceAct,
-        ys: &mut [CudaSlice<f32>],
-        rows: std::ops::Range<usize>,
-    ) -> Result<()> {
-        shape((2..=3).contains(&ws.len()) && ys.len() == ws.len(), || format!("{} matrices", ws.len()))?;
-        let w0 = ws[0];
-        shape(ws.iter().all(|w| w.dtype == w0.dtype && w.k == w0.k), || "matrices of mixed formats".into())?;
-        shape(ActFormat::for_weights(w0.dtype) == Some(act.format) && act.k == w0.k, || {
-            format!("{:?} weights with {:?} activations", w0.dtype, act.format)
-        })?;
-        shape(rows.end <= act.rows, || format!("rows {rows:?} of {}", act.rows))?;
-        for (w, y) in ws.iter().zip(ys.iter()) {
-            shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
-        }
-        let names = ["gemv3_q4_0", "gemv3_q4_1", "gemv3_q5_0", "gemv3_q8_0", "gemv3_q4_k", "gemv3_q6_k"];
-        let f = self.function(&GEMV, names[type_index(w0.dtype)?])?;
-        let kb = w0.k / act.format.block();
-        let kbi = int(kb)?;
-        let total: usize = ws.iter().map(|w| w.n).sum();
-        let cfg = blocks_of(total * 32, 4 * 32)?;
-        let mut mats = Vec::with_capacity(3);
-        for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            let (yp, _) = y.device_ptr_mut(&self.stream);
-            mats.push(Mat::of(w, yp, &self.stream)?);
-        }
-        // A third matrix of no rows when there are two: no warp selects it.
-        let last = Mat { n: 0, ..mats[mats.len() - 1] };
-        mats.resize(3, last);
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
-            let ri = int(chunk)?;
-            let shifted: Vec<Mat> =
-                mats.iter().map(|m| Mat { y: m.y + (r0 * m.n as usize * 4) as u64, ..*m }).collect();
-            let a = act.rows_from(r0);
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&shifted[0]).arg(&shifted[1]).arg(&shifted[2]);
-            a.push(&mut b);
-            b.arg(&kbi).arg(&ri);
-            // SAFETY: each Mat points at weights of n rows of kb blocks and at an output
-            // holding `chunk` rows of n from row r0 (checked above); the activation views
-            // start at row r0 and hold `chunk` rows.
-            unsafe { b.launch(cfg) }.map_err(drv("gemv3"))?;
-            r0 += chunk;
         }
         Ok(())
     }

@@ -238,48 +238,6 @@ fn cuda_quantize_matches_cpu_exactly() {
     }
 }
 
-/// Decode GEMV speed on a large matrix, rotating copies so the 60 MB L2 cannot hold
-/// them: prints GB/s of weight bytes (informational; asserts only that it ran).
-#[test]
-fn cuda_gemv_bandwidth() {
-    let Some(g) = gpu() else { return };
-    let mut rng = rng("cuda_gemv_bandwidth");
-    let (n, k) = (14336, 4096);
-    let cases = TYPES.iter().map(|&t| (t, 1));
-    for (dtype, m) in cases.chain([(GgmlDType::Q4_0, 4), (GgmlDType::Q4K, 4)]) {
-        let bytes = random_weights(&mut rng, dtype, n, k);
-        let copies: Vec<DeviceWeights> = (0..12)
-            .map(|_| DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload"))
-            .collect();
-        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), m, k).expect("alloc");
-        g.quantize(&up(g, &randn(&mut rng, m * k, 1.0)), &mut act).expect("quantize");
-        let mut y = nans(g, m * n);
-        for w in &copies {
-            g.gemv(w, &act, &mut y).expect("warm-up");
-        }
-        let ev = |_: ()| g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-        let (start, end) = (ev(()), ev(()));
-        let reps = 20;
-        start.record(&g.stream).expect("record");
-        for _ in 0..reps {
-            for w in &copies {
-                g.gemv(w, &act, &mut y).expect("gemv");
-            }
-        }
-        end.record(&g.stream).expect("record");
-        g.synchronize().expect("sync");
-        let ms = start.elapsed_ms(&end).expect("elapsed") as f64;
-        let launches = (reps * copies.len()) as f64;
-        let gbs = copies[0].device_bytes() as f64 * launches / (ms * 1e-3) / 1e9;
-        println!(
-            "bandwidth {dtype:?} {n}x{k} m={m} ({:.1} MB): {:.1} us per GEMV, {gbs:.0} GB/s",
-            copies[0].device_bytes() as f64 / 1e6,
-            ms * 1e3 / launches
-        );
-        assert!(gbs > 0.0);
-    }
-}
-
 /// Every kernel program compiles with NVRTC for Ampere, Ada and Hopper (no GPU needed).
 #[test]
 fn cuda_kernels_compile() {

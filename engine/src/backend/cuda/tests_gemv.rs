@@ -1,0 +1,126 @@
+//! The two GEMV kernel forms (`gemv.rs`): the templated kernels give exactly the legacy
+//! kernels' outputs for every format and row count, alone and several matrices per
+//! launch; and both forms' speed on the matrix shapes of 1B and 8B Llama models.
+
+use candle_core::quantized::GgmlDType;
+
+use super::tests::{TYPES, down, gpu, nans, randn, random_weights, rng, up};
+use super::*;
+
+fn same(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn cuda_gemv_templated_equals_legacy() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_gemv_templated_equals_legacy");
+    for dtype in TYPES {
+        let (k, m) = (2304, 11);
+        let ns = [300, 64, 97];
+        let bytes: Vec<Vec<u8>> = ns.iter().map(|&n| random_weights(&mut rng, dtype, n, k)).collect();
+        let ws: Vec<DeviceWeights> = bytes
+            .iter()
+            .zip(ns)
+            .map(|(b, n)| DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: b, k, n }).expect("upload"))
+            .collect();
+        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), m, k).expect("alloc");
+        g.quantize(&up(g, &randn(&mut rng, m * k, 2.0)), &mut act).expect("quantize");
+        // Every launch size 1..=8 and a split launch (8 + 3), from row 0 and from row 2.
+        for rows in (1..=m).map(|e| 0..e).chain([2..5, 2..11]) {
+            let w = &ws[0];
+            let mut ys = [nans(g, m * w.n), nans(g, m * w.n)];
+            for (legacy, y) in [true, false].into_iter().zip(ys.iter_mut()) {
+                g.gemv_rows_as(legacy, w, &act, y, rows.clone()).expect("gemv");
+            }
+            let (a, b) = (down(g, &ys[0]), down(g, &ys[1]));
+            let span = rows.start * w.n..rows.end * w.n;
+            assert!(same(&a[span.clone()], &b[span]), "{dtype:?} rows {rows:?}: templated differs from legacy");
+            let refs: Vec<&DeviceWeights> = ws.iter().collect();
+            let mut outs = Vec::new();
+            for legacy in [true, false] {
+                let mut ys: Vec<_> = ns.iter().map(|&n| nans(g, m * n)).collect();
+                g.gemv_many_as(legacy, &refs, &act, &mut ys, rows.clone()).expect("gemv_many");
+                outs.push(
+                    ys.iter()
+                        .zip(ns)
+                        .map(|(y, n)| down(g, y)[rows.start * n..rows.end * n].to_vec())
+                        .collect::<Vec<_>>(),
+                );
+            }
+            assert!(
+                outs[0].iter().zip(&outs[1]).all(|(a, b)| same(a, b)),
+                "{dtype:?} rows {rows:?}: gemv_many differs"
+            );
+        }
+        println!("gemv {dtype:?}: templated = legacy, rows 1..=11, alone and three per launch");
+    }
+}
+
+/// µs per GEMV of `w`-shaped matrices at `m` activation rows, rotating enough copies
+/// that the 60 MB L2 cannot hold them.
+fn time_gemv(g: &Gpu, copies: &[DeviceWeights], act: &DeviceAct, legacy: bool) -> f64 {
+    let mut y = nans(g, act.rows * copies[0].n);
+    for w in copies {
+        g.gemv_rows_as(legacy, w, act, &mut y, 0..act.rows).expect("warm-up");
+    }
+    let ev = || g.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    let (start, end) = (ev(), ev());
+    let reps = 10;
+    start.record(&g.stream).expect("record");
+    for _ in 0..reps {
+        for w in copies {
+            g.gemv_rows_as(legacy, w, act, &mut y, 0..act.rows).expect("gemv");
+        }
+    }
+    end.record(&g.stream).expect("record");
+    g.synchronize().expect("sync");
+    start.elapsed_ms(&end).expect("elapsed") as f64 * 1e3 / (reps * copies.len()) as f64
+}
+
+/// Decode GEMV speed, legacy and templated (informational; asserts only that it ran):
+/// GB/s of repacked weight bytes read once per launch.
+#[test]
+fn cuda_gemv_bandwidth() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_gemv_bandwidth");
+    let llama = [
+        (6144, 4096),
+        (4096, 4096),
+        (14336, 4096),
+        (4096, 14336),
+        (3072, 2048),
+        (2048, 2048),
+        (8192, 2048),
+        (2048, 8192),
+    ];
+    let mut cases: Vec<(GgmlDType, usize, usize, usize)> = Vec::new();
+    for dtype in [GgmlDType::Q4_0, GgmlDType::Q4K] {
+        for &(n, k) in &llama {
+            cases.extend([(dtype, n, k, 1), (dtype, n, k, 8)]);
+        }
+    }
+    cases.extend([GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q6K].map(|t| (t, 14336, 4096, 1)));
+    cases.push((GgmlDType::Q6K, 4096, 14336, 1));
+    for (dtype, n, k, m) in cases {
+        let bytes = random_weights(&mut rng, dtype, n, k);
+        let one = DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload");
+        let count = (240e6 / one.device_bytes() as f64).ceil() as usize;
+        let mut copies = vec![one];
+        while copies.len() < count {
+            copies
+                .push(DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &bytes, k, n }).expect("upload"));
+        }
+        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), m, k).expect("alloc");
+        g.quantize(&up(g, &randn(&mut rng, m * k, 1.0)), &mut act).expect("quantize");
+        let mb = copies[0].device_bytes() as f64 / 1e6;
+        let (old, new) = (time_gemv(g, &copies, &act, true), time_gemv(g, &copies, &act, false));
+        println!(
+            "bandwidth {dtype:?} {n}x{k} m={m} ({mb:.1} MB): legacy {old:.1} us {:.0} GB/s, templated {new:.1} us {:.0} GB/s, {:.2}x",
+            mb * 1e3 / old,
+            mb * 1e3 / new,
+            old / new
+        );
+        assert!(old > 0.0 && new > 0.0);
+    }
+}
