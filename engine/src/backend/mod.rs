@@ -28,6 +28,16 @@ pub enum Gate {
     Gelu,
 }
 
+/// The rotary embedding of a layer's queries and keys: head counts, which of the
+/// pass's rotary tables, and the pairing.
+#[derive(Clone, Copy, Debug)]
+pub struct Rotary {
+    pub q_heads: usize,
+    pub k_heads: usize,
+    pub table: usize,
+    pub style: RopeStyle,
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// Activations `[rows][width]` for the pass's stacked rows.
     type Act;
@@ -130,6 +140,20 @@ pub trait Backend: Send + Sync + 'static {
         qkv: (&Self::Act, &Self::Act, &Self::Act),
         spec: &AttnSpec,
     ) -> Result<Self::Act>;
+    /// `rope_qk` of the queries and keys, then `attend` (on a GPU one launch fewer: the
+    /// keys are rotated as they are stored).
+    fn rope_attend(
+        &self,
+        p: &mut Self::Pass,
+        rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&mut Self::Act, &mut Self::Act, &Self::Act),
+        rope: Rotary,
+        spec: &AttnSpec,
+    ) -> Result<Self::Act> {
+        self.rope_qk(p, (q, k), (rope.q_heads, rope.k_heads), rope.table, rope.style)?;
+        self.attend(p, rows, layer, (q, k, v), spec)
+    }
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;

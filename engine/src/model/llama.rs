@@ -2,7 +2,7 @@
 //! pre-norm blocks, RMSNorm, rotary embedding on interleaved pairs, SwiGLU MLP.
 //! Written once over `Backend` ops; runs on the CPU or a GPU.
 
-use crate::backend::{Backend, Gate};
+use crate::backend::{Backend, Gate, Rotary};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
@@ -64,6 +64,7 @@ impl<B: Backend> Architecture for Llama<B> {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             window: None,
         };
+        let rope = Rotary { q_heads: c.n_heads, k_heads: c.n_kv_heads, table: 0, style: RopeStyle::Interleaved };
         let mut x = b.embed(&p, &self.ends.embed)?;
         // The FFN's output, added to `x` together with the next layer's norm.
         let mut ffn_out = None;
@@ -73,8 +74,7 @@ impl<B: Backend> Architecture for Llama<B> {
                 Some(y) => b.add_norm_matmul_many(&p, &mut x, &y, &l.attn_norm, c.rms_eps, qkv)?,
                 None => b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, qkv)?,
             };
-            b.rope_qk(&p, (&mut q, &mut k), (c.n_heads, c.n_kv_heads), 0, RopeStyle::Interleaved)?;
-            let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec)?;
+            let a = b.rope_attend(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec)?;
             let o = b.matmul(&p, &l.wo, &a)?;
             let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
             ffn_out = Some(b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?);

@@ -21,7 +21,7 @@ use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::weights::{DeviceWeights, MatrixBytes};
-use crate::backend::{Backend, DeviceKind, Gate};
+use crate::backend::{Backend, DeviceKind, Gate, Rotary};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
@@ -366,6 +366,20 @@ impl Backend for CudaBackend {
         spec: &AttnSpec,
     ) -> Result<CudaSlice<f32>> {
         self.gpu.kv_store(&mut p.kv, layer, k, v)?;
+        self.gpu.attention(&p.kv, layer, q, spec)
+    }
+
+    fn rope_attend(
+        &self,
+        p: &mut CudaPass,
+        _rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &CudaSlice<f32>),
+        rope: Rotary,
+        spec: &AttnSpec,
+    ) -> Result<CudaSlice<f32>> {
+        let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
+        self.gpu.rope_kv_store(&mut p.kv, layer, (q, k, v), rope.k_heads, rs)?;
         self.gpu.attention(&p.kv, layer, q, spec)
     }
 

@@ -9,9 +9,11 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::f16;
 
 use super::device::{Gpu, drv};
+use super::ops::RopeSpec;
 use super::programs::{ATTENTION, PREFILL};
 use crate::error::{Error, Result};
 use crate::kernels::AttnSpec;
+use crate::kernels::ops::RopeStyle;
 use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
 
 /// Positions a mirror grows by at least.
@@ -255,6 +257,56 @@ impl Gpu {
         // SAFETY: every token's row has a mirror of capacity > its position (plan_kv);
         // stage holds n_layers * 2 * total * d values.
         unsafe { b.launch(cfg) }.map_err(drv("kv_store"))?;
+        Ok(())
+    }
+
+    /// `rope_qk` of `q` (`[T][spec.heads][head_dim]`) and `k` (`k_heads` heads) at the
+    /// pass's positions, then `kv_store` of the rotated keys and `v`, in one launch.
+    pub(crate) fn rope_kv_store(
+        &self,
+        plan: &mut KvPlan,
+        layer: usize,
+        (q, k, v): (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &CudaSlice<f32>),
+        k_heads: usize,
+        spec: RopeSpec,
+    ) -> Result<()> {
+        let RopeSpec { heads, head_dim, base, style } = spec;
+        let (total, d) = (plan.total, plan.kv_dim);
+        let ok = head_dim.is_multiple_of(2)
+            && head_dim <= 2048
+            && k_heads * head_dim == d
+            && q.len() == total * heads * head_dim
+            && k.len() == total * d
+            && v.len() == total * d;
+        if !ok {
+            let what = format!(
+                "q/k/v have {} / {} / {} values for {total} x ({heads} + {k_heads}) x {head_dim}",
+                q.len(),
+                k.len(),
+                v.len()
+            );
+            return Err(cuda("rope_kv_store", what));
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        // The CPU's `RopeTable` computes this with the host powf; use the same value.
+        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let half = head_dim / 2;
+        let f = self.function(&ATTENTION, "rope_kv_store")?;
+        let cfg = LaunchConfig {
+            grid_dim: (total as u32, (heads + k_heads) as u32, 1),
+            block_dim: (half.div_ceil(32) as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (li, hq, hk, hf) = (layer as i32, heads as i32, k_heads as i32, half as i32);
+        let (neox, ti) = (i32::from(style == RopeStyle::Neox), total as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(q).arg(k).arg(v).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
+        b.arg(&li).arg(&hq).arg(&hk).arg(&hf).arg(&theta_scale).arg(&neox).arg(&ti).arg(&mut plan.stage);
+        // SAFETY: shapes checked above; every token's row has a mirror of capacity > its
+        // position (plan_kv); stage holds n_layers * 2 * total * d values.
+        unsafe { b.launch(cfg) }.map_err(drv("rope_kv_store"))?;
         Ok(())
     }
 

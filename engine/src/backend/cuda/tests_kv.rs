@@ -121,3 +121,48 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
     let (got, want) = attend_last(&mut clone);
     rel_err("clone without mirror", &got, &want, 2e-3);
 }
+
+/// `rope_kv_store` (one launch) gives exactly `rope_qk` then `kv_store`: the same
+/// rotated queries, the same staged K/V and mirror (so the same attention), for both
+/// pairings, GQA, decode rows and a prefill row.
+#[test]
+fn cuda_rope_kv_store_equals_rope_then_store() {
+    use super::ops::RopeSpec;
+    use crate::kernels::ops::RopeStyle;
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_rope_kv_store_equals_rope_then_store");
+    for (heads, kv_heads, hd, style) in
+        [(9, 3, 64, RopeStyle::Interleaved), (8, 8, 128, RopeStyle::Neox), (4, 1, 256, RopeStyle::Interleaved)]
+    {
+        let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
+        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
+        let rope = RopeSpec { heads, head_dim: hd, base: 10000.0, style };
+        let plan = [(0, 5), (70, 1), (1000, 40), (3000, 1)];
+        let caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
+        let total: usize = plan.iter().map(|p| p.1).sum();
+        let layer = 1;
+        let q = randn(&mut rng, total * heads * hd, 1.0);
+        let (k, v) = (randn(&mut rng, total * shape.kv_dim, 1.0), randn(&mut rng, total * shape.kv_dim, 1.0));
+        let mut outs = Vec::new();
+        for fused in [false, true] {
+            let mut cs = caches.clone();
+            let mut rows: Vec<(&mut SeqCache, usize)> = cs.iter_mut().zip(&plan).map(|(c, p)| (c, p.1)).collect();
+            let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
+            let (mut qd, mut kd, vd) = (up(g, &q), up(g, &k), up(g, &v));
+            if fused {
+                g.rope_kv_store(&mut kv, layer, (&mut qd, &mut kd, &vd), kv_heads, rope).expect("rope_kv_store");
+            } else {
+                g.rope_qk((&mut qd, &mut kd), kv_heads, &kv.tok_pos, rope).expect("rope_qk");
+                g.kv_store(&mut kv, layer, &kd, &vd).expect("kv_store");
+            }
+            let att = down(g, &g.attention(&kv, layer, &qd, &spec).expect("attention"));
+            let stage: Vec<f16> = down(g, &kv.stage);
+            outs.push((down(g, &qd), stage, att));
+        }
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&outs[0].0), bits(&outs[1].0), "{heads}/{kv_heads}x{hd}: rotated q");
+        assert_eq!(outs[0].1, outs[1].1, "{heads}/{kv_heads}x{hd}: staged K/V");
+        assert_eq!(bits(&outs[0].2), bits(&outs[1].2), "{heads}/{kv_heads}x{hd}: attention");
+        println!("rope_kv_store {heads}/{kv_heads}x{hd} {style:?}: equal to rope_qk + kv_store");
+    }
+}

@@ -28,6 +28,41 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
     }
 }
 
+// RoPE of the queries (blocks y < hq, in place) and of the keys (y - hq = KV head h),
+// each rotated key pair stored as f16 with the same pair of V, into the row's mirror and
+// `stage` as `kv_store` does: `rope_qk` then `kv_store` in one launch, the same values.
+// grid (T, hq + hk), block: half rounded up to a warp.
+extern "C" __global__ void rope_kv_store(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                         const unsigned long long* __restrict__ bases, const int* __restrict__ caps,
+                                         const int* __restrict__ tok_row, const int* __restrict__ tok_pos, int layer,
+                                         int hq, int hk, int half, float theta_scale, int neox, int total,
+                                         unsigned short* __restrict__ stage) {
+    const int t = blockIdx.x, y = blockIdx.y, i = threadIdx.x;
+    if (i >= half) return;
+    const int hd = 2 * half, pos = tok_pos[t];
+    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+    if (y < hq) {
+        float* head = q + ((size_t)t * hq + y) * hd;
+        rope_pair(pos, i, theta_scale, &head[ia], &head[ib]);
+        return;
+    }
+    const int h = y - hq;
+    const size_t kv_dim = (size_t)hk * hd;
+    float* kh = k + (size_t)t * kv_dim + (size_t)h * hd;
+    rope_pair(pos, i, theta_scale, &kh[ia], &kh[ib]);
+    const float* vh = v + (size_t)t * kv_dim + (size_t)h * hd;
+    const int r = tok_row[t];
+    const size_t cap = (size_t)caps[r];
+    unsigned short* base = (unsigned short*)bases[r];
+    unsigned short* kd = base + ((size_t)layer * 2 * cap + pos) * kv_dim + (size_t)h * hd;
+    unsigned short* vd = base + (((size_t)layer * 2 + 1) * cap + pos) * kv_dim + (size_t)h * hd;
+    unsigned short* ks = stage + (((size_t)layer * 2) * total + t) * kv_dim + (size_t)h * hd;
+    unsigned short* vs = stage + (((size_t)layer * 2 + 1) * total + t) * kv_dim + (size_t)h * hd;
+    const unsigned short ka = f2h(kh[ia]), kb = f2h(kh[ib]), va = f2h(vh[ia]), vb = f2h(vh[ib]);
+    kd[ia] = ka; kd[ib] = kb; ks[ia] = ka; ks[ib] = kb;
+    vd[ia] = va; vd[ib] = vb; vs[ia] = va; vs[ib] = vb;
+}
+
 #define ATT_WARPS 4
 #define ATT_MAX_DIM 256
 

@@ -108,3 +108,14 @@ __device__ __forceinline__ float gelu_val(float x, float u) {
     const float gl = h2f(f2h(__fmul_rn(__fmul_rn(0.5f, h), 1.0f + tanhf(inner))));
     return __fmul_rn(gl, u);
 }
+
+// Rotate pair i of a head (RoPE) at position `pos`, angle pos * theta_scale^i by the
+// CPU's repeated f32 multiplication: (a, b) -> (a cos - b sin, a sin + b cos).
+__device__ __forceinline__ void rope_pair(int pos, int i, float theta_scale, float* a, float* b) {
+    float theta = (float)pos;
+    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    const float x = *a, y = *b;
+    *a = fmaf(x, c, -__fmul_rn(y, s));
+    *b = fmaf(x, s, __fmul_rn(y, c));
+}

@@ -19,14 +19,9 @@ __device__ __forceinline__ void rope_head(float* __restrict__ x, const int* __re
                                           int half, float theta_scale, int neox) {
     const int i = threadIdx.x;
     if (i >= half) return;
-    float theta = (float)pos[blockIdx.x];
-    for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
-    const float c = cosf(theta), s = sinf(theta);
     float* head = x + ((size_t)blockIdx.x * heads + h) * (size_t)(2 * half);
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    const float a = head[ia], b = head[ib];
-    head[ia] = fmaf(a, c, -__fmul_rn(b, s));
-    head[ib] = fmaf(a, s, __fmul_rn(b, c));
+    rope_pair(pos[blockIdx.x], i, theta_scale, &head[ia], &head[ib]);
 }
 
 extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int heads, int half,
