@@ -42,6 +42,7 @@ struct RowQuant {
     qs: u64,
     d: u64,
     sums: u64,
+    staged: i32,
 }
 
 impl RowQuant {
@@ -56,12 +57,19 @@ impl RowQuant {
             return Ok(None);
         }
         let threads = (width / act.format.block() * 32).clamp(32, 1024) as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (int(act.rows)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        // The row and the norm weights staged in shared memory (`norm_quantize_one`)
+        // where they fit the 48 KB a launch gets without opting in (width ≤ 6,000).
+        let bytes = 2 * width * 4;
+        let staged = bytes + 512 <= 48 * 1024;
+        let cfg = LaunchConfig {
+            grid_dim: (int(act.rows)? as u32, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: if staged { bytes as u32 } else { 0 },
+        };
         let s = act.qs.stream().clone();
         let (block, with_sum, sums) = act.fused_args(&s);
         let (qs, d) = (act.qs.device_ptr_mut(&s).0, act.d.device_ptr_mut(&s).0);
-        Ok(Some(RowQuant { cfg, width: int(width)?, block, with_sum, qs, d, sums }))
+        Ok(Some(RowQuant { cfg, width: int(width)?, block, with_sum, qs, d, sums, staged: i32::from(staged) }))
     }
 }
 
@@ -72,6 +80,7 @@ impl Gpu {
         let f = self.function(&QUANTIZE, "norm_quantize")?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(x).arg(w).arg(&r.width).arg(&eps).arg(&r.block).arg(&r.qs).arg(&r.d).arg(&r.sums).arg(&r.with_sum);
+        b.arg(&r.staged);
         // SAFETY: x holds rows*width values, w width (RowQuant::new checked); the
         // activation arrays were sized for rows*width values of this format.
         unsafe { b.launch(r.cfg) }.map_err(drv("norm_quantize"))?;
@@ -91,7 +100,7 @@ impl Gpu {
         let f = self.function(&QUANTIZE, "add_norm_quantize")?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(x).arg(y).arg(w).arg(&r.width).arg(&eps).arg(&r.block);
-        b.arg(&r.qs).arg(&r.d).arg(&r.sums).arg(&r.with_sum);
+        b.arg(&r.qs).arg(&r.d).arg(&r.sums).arg(&r.with_sum).arg(&r.staged);
         // SAFETY: as norm_quantize; y holds rows*width values too.
         unsafe { b.launch(r.cfg) }.map_err(drv("add_norm_quantize"))?;
         Ok(())

@@ -3,80 +3,25 @@
 //! weights read once for all of them; two or three matrices of one format against the
 //! same activations share a launch (`gemv_many`).
 //!
-//! Kernels: `gemvm_<type>_<M>` take M = 1, 2, 4 or 8 activation rows as a template
-//! parameter (the launch uses the smallest M that holds its rows), so their accumulators
-//! live in registers and a lane's weight loads are issued together. `gemv_<type>` is the
-//! earlier form (run-time row count); `CORRAL_CUDA_GEMV=legacy` selects it, for A/B.
-//! Both give bit-identical outputs (same items, order and arithmetic; tested).
-
-use std::sync::atomic::{AtomicU8, Ordering};
+//! Kernels: a launch of one activation row (a decode step of one sequence) takes
+//! `gemv1_<type>` / `gemv1x3_<type>`, which issue a lane's weight loads together before
+//! their sums; launches of 2 to 8 rows take `gemv_<type>` / `gemv3_<type>`. At one row
+//! both give bit-identical outputs (same items, order and arithmetic; tested), so which
+//! one a row gets never changes its result.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::device::{Gpu, drv};
 use super::ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, blocks_of, int, shape, type_index};
-use super::programs::{GEMV, GEMV_ROWS, Program};
+use super::programs::GEMV;
 use super::weights::DeviceWeights;
 use crate::error::Result;
 
-/// Which GEMV kernels launch: 0 unset (read `CORRAL_CUDA_GEMV` on first use),
-/// 1 the templated ones, 2 the legacy ones.
-static VARIANT: AtomicU8 = AtomicU8::new(0);
-
-/// Whether the legacy (run-time row count) kernels are selected.
-fn legacy() -> bool {
-    let mut v = VARIANT.load(Ordering::Relaxed);
-    if v == 0 {
-        v = if std::env::var("CORRAL_CUDA_GEMV").as_deref() == Ok("legacy") { 2 } else { 1 };
-        VARIANT.store(v, Ordering::Relaxed);
-    }
-    v == 2
-}
-
-/// The program and kernel for format `t` (`type_index`) and a launch of `rows`
-/// activation rows.
-fn kernel_name(legacy: bool, many: bool, t: usize, rows: usize) -> (&'static Program, &'static str) {
-    static ONE: [[&str; 5]; 6] = names::<false>();
-    static MANY: [[&str; 5]; 6] = names::<true>();
-    let m = if legacy {
-        0
-    } else {
-        match rows {
-            0..=1 => 1,
-            2 => 2,
-            3..=4 => 3,
-            _ => 4,
-        }
-    };
-    let program = if m > 1 { &GEMV_ROWS } else { &GEMV };
-    (program, if many { MANY[t][m] } else { ONE[t][m] })
-}
-
-/// `[type][legacy, M = 1, 2, 4, 8]` kernel names.
-const fn names<const MANY: bool>() -> [[&'static str; 5]; 6] {
-    macro_rules! row {
-        ($t:literal) => {
-            if MANY {
-                [
-                    concat!("gemv3_", $t),
-                    concat!("gemvm3_", $t, "_1"),
-                    concat!("gemvm3_", $t, "_2"),
-                    concat!("gemvm3_", $t, "_4"),
-                    concat!("gemvm3_", $t, "_8"),
-                ]
-            } else {
-                [
-                    concat!("gemv_", $t),
-                    concat!("gemvm_", $t, "_1"),
-                    concat!("gemvm_", $t, "_2"),
-                    concat!("gemvm_", $t, "_4"),
-                    concat!("gemvm_", $t, "_8"),
-                ]
-            }
-        };
-    }
-    [row!("q4_0"), row!("q4_1"), row!("q5_0"), row!("q8_0"), row!("q4_k"), row!("q6_k")]
-}
+const ONE: [&str; 6] = ["gemv1_q4_0", "gemv1_q4_1", "gemv1_q5_0", "gemv1_q8_0", "gemv1_q4_k", "gemv1_q6_k"];
+const ONE_X3: [&str; 6] =
+    ["gemv1x3_q4_0", "gemv1x3_q4_1", "gemv1x3_q5_0", "gemv1x3_q8_0", "gemv1x3_q4_k", "gemv1x3_q6_k"];
+const ROWS: [&str; 6] = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
+const ROWS_X3: [&str; 6] = ["gemv3_q4_0", "gemv3_q4_1", "gemv3_q5_0", "gemv3_q8_0", "gemv3_q4_k", "gemv3_q6_k"];
 
 /// One matrix of a `gemv3` launch (`Mat` in `gemv.cu`).
 #[repr(C)]
@@ -116,13 +61,13 @@ impl Gpu {
         y: &mut CudaSlice<f32>,
         rows: std::ops::Range<usize>,
     ) -> Result<()> {
-        self.gemv_rows_as(legacy(), w, act, y, rows)
+        self.gemv_rows_as(false, w, act, y, rows)
     }
 
-    /// `gemv_rows` on the legacy kernels (`legacy`) or the templated ones.
+    /// `gemv_rows`, launches of one row on the several-row kernel too if `multi`.
     pub(crate) fn gemv_rows_as(
         &self,
-        legacy: bool,
+        multi: bool,
         w: &DeviceWeights,
         act: &DeviceAct,
         y: &mut CudaSlice<f32>,
@@ -145,16 +90,17 @@ impl Gpu {
         while r0 < rows.end {
             let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
             let ri = int(chunk)?;
-            let f = {
-                let (p, name) = kernel_name(legacy, false, t, chunk);
-                self.function(p, name)?
-            };
+            let one = chunk == 1 && !multi;
+            let f = self.function(&GEMV, if one { ONE[t] } else { ROWS[t] })?;
             let a = act.rows_from(r0);
             let mut yv = y.slice_mut(r0 * w.n..);
             let mut b = self.stream.launch_builder(&f);
             b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
             a.push(&mut b);
-            b.arg(&mut yv).arg(&n).arg(&kbi).arg(&ri);
+            b.arg(&mut yv).arg(&n).arg(&kbi);
+            if !one {
+                b.arg(&ri);
+            }
             // SAFETY: weights hold n*kb blocks in the layout the kernel reads; the views
             // start at row r0 and hold `chunk` rows; y holds chunk*n from r0*n.
             unsafe { b.launch(cfg) }.map_err(drv("gemv"))?;
@@ -172,13 +118,13 @@ impl Gpu {
         ys: &mut [CudaSlice<f32>],
         rows: std::ops::Range<usize>,
     ) -> Result<()> {
-        self.gemv_many_as(legacy(), ws, act, ys, rows)
+        self.gemv_many_as(false, ws, act, ys, rows)
     }
 
-    /// `gemv_many` on the legacy kernels (`legacy`) or the templated ones.
+    /// `gemv_many`, launches of one row on the several-row kernel too if `multi`.
     pub(crate) fn gemv_many_as(
         &self,
-        legacy: bool,
+        multi: bool,
         ws: &[&DeviceWeights],
         act: &DeviceAct,
         ys: &mut [CudaSlice<f32>],
@@ -211,17 +157,18 @@ impl Gpu {
         while r0 < rows.end {
             let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
             let ri = int(chunk)?;
-            let f = {
-                let (p, name) = kernel_name(legacy, true, t, chunk);
-                self.function(p, name)?
-            };
+            let one = chunk == 1 && !multi;
+            let f = self.function(&GEMV, if one { ONE_X3[t] } else { ROWS_X3[t] })?;
             let shifted: Vec<Mat> =
                 mats.iter().map(|m| Mat { y: m.y + (r0 * m.n as usize * 4) as u64, ..*m }).collect();
             let a = act.rows_from(r0);
             let mut b = self.stream.launch_builder(&f);
             b.arg(&shifted[0]).arg(&shifted[1]).arg(&shifted[2]);
             a.push(&mut b);
-            b.arg(&kbi).arg(&ri);
+            b.arg(&kbi);
+            if !one {
+                b.arg(&ri);
+            }
             // SAFETY: each Mat points at weights of n rows of kb blocks and at an output
             // holding `chunk` rows of n from row r0 (checked above); the activation views
             // start at row r0 and hold `chunk` rows.

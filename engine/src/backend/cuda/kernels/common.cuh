@@ -68,16 +68,13 @@ __device__ __forceinline__ int spread4(u32 b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
-// x / rms(x) scale of one row, as the CPU: f64 sum of f32 squares, mean rounded to f32,
-// 1 / sqrt(mean + eps). Every thread of the block calls it and gets the scale.
-__device__ __forceinline__ float block_rms_scale(const float* __restrict__ xr, int width, float eps) {
+// x / rms(x) scale of one row from each thread's f64 partial sum of squares (values
+// i = threadIdx.x, + blockDim.x, ... in order): the partials summed across the block,
+// the mean rounded to f32, 1 / sqrt(mean + eps). Every thread of the block calls it and
+// gets the scale; it synchronizes the block (so shared-memory writes before it are seen
+// after it).
+__device__ __forceinline__ float block_rms_finish(double s, int width, float eps) {
     __shared__ double part[32];
-    double s = 0.0;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const float v = xr[i];
-        s += (double)__fmul_rn(v, v);
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
@@ -91,6 +88,18 @@ __device__ __forceinline__ float block_rms_scale(const float* __restrict__ xr, i
     __syncthreads();
     const float mean = (float)(part[0] / (double)width);
     return 1.0f / sqrtf(mean + eps);
+}
+
+// x / rms(x) scale of one row, as the CPU: f64 sum of f32 squares, mean rounded to f32,
+// 1 / sqrt(mean + eps). Every thread of the block calls it and gets the scale.
+__device__ __forceinline__ float block_rms_scale(const float* __restrict__ xr, int width, float eps) {
+    double s = 0.0;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        s += (double)__fmul_rn(v, v);
+    }
+    return block_rms_finish(s, width, eps);
 }
 
 // silu(a) * u: ggml's exp where the CPU vectorizes (`simd`), libm's on the tail.

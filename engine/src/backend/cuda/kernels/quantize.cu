@@ -82,12 +82,11 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
 
 // Fused: RMSNorm of each row (one block a row, as `rms_norm`) straight into its
 // quantized blocks, the normalized values never stored. `block` is 32 (Q8_0/Q8_1) or
-// 256 (Q8_K; `s_out` is then the bsums, as int).
-__device__ __forceinline__ void norm_quantize_row(const float* __restrict__ xr, const float* __restrict__ w,
-                                                  int width, float eps, int block, i8* __restrict__ qs,
-                                                  float* __restrict__ d_out, float* __restrict__ s_out,
-                                                  int with_sum) {
-    const float scale = block_rms_scale(xr, width, eps);
+// 256 (Q8_K; `s_out` is then the bsums, as int). `quantize_row` is the second half: the
+// row's values x[i] * scale * w[i] into blocks, read from `xr` and `w`.
+__device__ __forceinline__ void quantize_row(const float* xr, const float* w, float scale, int width, int block,
+                                             i8* __restrict__ qs, float* __restrict__ d_out,
+                                             float* __restrict__ s_out, int with_sum) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int per_row = width / block;
     for (int b = warp; b < per_row; b += warps) {
@@ -107,22 +106,61 @@ __device__ __forceinline__ void norm_quantize_row(const float* __restrict__ xr, 
     }
 }
 
+// Shared memory of a staged row: its values, then the norm weights (2 * width floats).
+extern __shared__ float staged_row[];
+
+// One row `x` (plus `y`, the sum stored back to `x`, when `y` is given) normalized and
+// quantized. With `staged` (the launch gave 2 * width floats of shared memory) the row
+// and the weights are read from global memory once, in one pass, kept in shared memory
+// for the quantization (a decode step's row is one block on one multiprocessor, so each
+// round trip to memory is on the step's critical path); otherwise they are read again.
+// The same values and sums either way.
+__device__ __forceinline__ void norm_quantize_one(float* __restrict__ x, const float* __restrict__ y,
+                                                  const float* __restrict__ w, int width, float eps, int block,
+                                                  i8* __restrict__ qs, float* __restrict__ d_out,
+                                                  float* __restrict__ s_out, int with_sum, int staged) {
+    float* xr = x + (size_t)blockIdx.x * width;
+    const float* yr = y ? y + (size_t)blockIdx.x * width : nullptr;
+    if (staged) {
+        float* sx = staged_row;
+        float* sw = staged_row + width;
+        double s = 0.0;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < width; i += blockDim.x) {
+            float v = xr[i];
+            if (yr) {
+                v = v + yr[i];
+                xr[i] = v;
+            }
+            sx[i] = v;
+            sw[i] = w[i];
+            s += (double)__fmul_rn(v, v);
+        }
+        const float scale = block_rms_finish(s, width, eps);
+        quantize_row(sx, sw, scale, width, block, qs, d_out, s_out, with_sum);
+        return;
+    }
+    if (yr) {
+        for (int i = threadIdx.x; i < width; i += blockDim.x) xr[i] = xr[i] + yr[i];
+        __syncthreads();
+    }
+    const float scale = block_rms_scale(xr, width, eps);
+    quantize_row(xr, w, scale, width, block, qs, d_out, s_out, with_sum);
+}
+
 extern "C" __global__ void norm_quantize(const float* __restrict__ x, const float* __restrict__ w, int width,
                                          float eps, int block, i8* __restrict__ qs, float* __restrict__ d_out,
-                                         float* __restrict__ s_out, int with_sum) {
-    norm_quantize_row(x + (size_t)blockIdx.x * width, w, width, eps, block, qs, d_out, s_out, with_sum);
+                                         float* __restrict__ s_out, int with_sum, int staged) {
+    // x is only read (no y).
+    norm_quantize_one((float*)x, nullptr, w, width, eps, block, qs, d_out, s_out, with_sum, staged);
 }
 
 // Fused: x += y (as add_inplace), then norm_quantize of the new row; one block a row.
 extern "C" __global__ void add_norm_quantize(float* __restrict__ x, const float* __restrict__ y,
                                              const float* __restrict__ w, int width, float eps, int block,
                                              i8* __restrict__ qs, float* __restrict__ d_out,
-                                             float* __restrict__ s_out, int with_sum) {
-    float* xr = x + (size_t)blockIdx.x * width;
-    const float* yr = y + (size_t)blockIdx.x * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) xr[i] = xr[i] + yr[i];
-    __syncthreads();
-    norm_quantize_row(xr, w, width, eps, block, qs, d_out, s_out, with_sum);
+                                             float* __restrict__ s_out, int with_sum, int staged) {
+    norm_quantize_one(x, y, w, width, eps, block, qs, d_out, s_out, with_sum, staged);
 }
 
 // Fused: the gated activation (gelu = 0: silu(g) * u, ggml's exp below `simd`; 1:
