@@ -28,6 +28,30 @@ const GEMMA_TEMPLATE: &str = concat!(
 /// Rendering budget: a template that loops forever fails instead of hanging a request.
 const FUEL: u64 = 2_000_000;
 
+/// The most text a template may render. Far above any prompt a context window holds
+/// (the gateway takes request bodies of 8 MiB by default), far below what would exhaust
+/// memory: fuel counts instructions, not bytes, and one instruction can emit a string of
+/// up to 100 MB (minijinja's cap on `"x" * n`).
+const MAX_RENDER_BYTES: usize = 64 << 20;
+
+/// The render's output, failing the write that would pass `MAX_RENDER_BYTES`.
+#[derive(Default)]
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDER_BYTES {
+            return Err(std::io::Error::other("too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// One message as templates see it (the Hugging Face shape). `content` is null only
 /// on an assistant turn that carries `tool_calls`, for templates that render tools.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -150,9 +174,18 @@ impl ChatTemplate {
             eos_token => &self.eos,
         };
         // minijinja's context merge: earlier values win, so ours come first.
-        let out = tmpl
-            .render(minijinja::context! { ..own, ..Value::from_serialize(kwargs) })
-            .map_err(|e| Error::Template(describe(&e)))?;
+        let mut out = Capped::default();
+        tmpl.render_captured_to(minijinja::context! { ..own, ..Value::from_serialize(kwargs) }, &mut out).map_err(
+            |e| match e.kind() {
+                ErrorKind::WriteFailure => {
+                    Error::Template(format!("the rendered prompt is longer than {} MiB", MAX_RENDER_BYTES >> 20))
+                }
+                _ => Error::Template(describe(&e)),
+            },
+        )?;
+        // minijinja writes whole `str`s, so the bytes are UTF-8; the check costs one pass.
+        let out =
+            String::from_utf8(out.0).map_err(|_| Error::Template("the template rendered invalid UTF-8".into()))?;
         Ok(match (self.strip_bos && !self.bos.is_empty(), out.strip_prefix(self.bos.as_str())) {
             (true, Some(rest)) => rest.to_owned(),
             _ => out,
@@ -214,6 +247,11 @@ mod tests {
             ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"), Arch::Llama, "", "", false)
                 .unwrap();
         assert!(looping.render(&msgs(), None, true).is_err(), "fuel limit stops runaway templates");
+        // Few instructions, huge output: every `i * j` repeats a digit up to 99,999 times.
+        let wide = "{% for i in range~(100000) %}{% for j in range(100000) %}{{ i * j }}{% endfor %}{% endfor %}";
+        let wide = ChatTemplate::new(Some(wide), Arch::Llama, "", "", false).unwrap();
+        let err = wide.render(&msgs(), None, true).unwrap_err().to_string();
+        assert!(err.contains("longer than 64 MiB"), "{err}");
         assert!(ChatTemplate::new(None, Arch::Llama, "", "", false).is_err());
     }
 

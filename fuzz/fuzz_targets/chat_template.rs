@@ -5,7 +5,9 @@
 //!
 //! Asserted: compiling and rendering never panic, and finish within libFuzzer's time
 //! and memory limits (`-timeout`, `-rss_limit_mb`): fuel bounds loops, minijinja's
-//! recursion limit bounds macros and includes.
+//! recursion limit bounds macros and includes, a 64 MiB cap bounds the rendered text
+//! (seed `wide-output`). Strings built up in variables are not bounded: docs/reliability.md,
+//! "Known limit".
 #![no_main]
 
 use corral_engine::chat::{ChatMessage, ChatTemplate};
