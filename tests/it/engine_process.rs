@@ -70,7 +70,9 @@ fn disconnect_of_a_non_streaming_request_stops_generation() {
 
 #[test]
 fn full_queue_is_429_and_drain_is_503() {
-    let e = EngineProc::start(&model_path(SMOLLM), &["--max-queue", "1"]);
+    // One row at a time: with batching (8 rows by default) a queued request joins the
+    // running one at the next step, and the queue is full only for that moment.
+    let e = EngineProc::start(&model_path(SMOLLM), &["--max-queue", "1", "--batch", "1"]);
     // Long enough to still be running when a loaded machine gets to the check; the
     // drain below cuts it.
     let mut running = e.stream("/v1/completions", &long_stream(5000));
