@@ -154,6 +154,35 @@ pub trait Backend: Send + Sync + 'static {
         self.rope_qk(p, (q, k), (rope.q_heads, rope.k_heads), rope.table, rope.style)?;
         self.attend(p, rows, layer, (q, k, v), spec)
     }
+    /// `attend`, then `matmul` of its output by `w` (on a GPU, a pass of decode rows
+    /// quantizes the attention output for the matmul in the attention kernel).
+    fn attend_matmul(
+        &self,
+        p: &mut Self::Pass,
+        rows: &mut [Row<'_>],
+        layer: usize,
+        qkv: (&Self::Act, &Self::Act, &Self::Act),
+        spec: &AttnSpec,
+        w: &Self::Matrix,
+    ) -> Result<Self::Act> {
+        let a = self.attend(p, rows, layer, qkv, spec)?;
+        self.matmul(p, w, &a)
+    }
+    /// `rope_attend`, then `matmul` of its output by `w` (as `attend_matmul`).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attend_matmul(
+        &self,
+        p: &mut Self::Pass,
+        rows: &mut [Row<'_>],
+        layer: usize,
+        qkv: (&mut Self::Act, &mut Self::Act, &Self::Act),
+        rope: Rotary,
+        spec: &AttnSpec,
+        w: &Self::Matrix,
+    ) -> Result<Self::Act> {
+        let a = self.rope_attend(p, rows, layer, qkv, rope, spec)?;
+        self.matmul(p, w, &a)
+    }
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;

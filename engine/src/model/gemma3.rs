@@ -96,8 +96,7 @@ impl<B: Backend> Architecture for Gemma3<B> {
             b.rms_norm_inplace(&mut k, &l.k_norm, c.rms_eps)?;
             b.rope_qk(&p, (&mut q, &mut k), (c.n_heads, c.n_kv_heads), rope, RopeStyle::Neox)?;
             b.scale(&mut q, q_scale)?;
-            let a = b.attend(&mut p, rows, il, (&q, &k, &v), &spec(swa))?;
-            let mut o = b.matmul(&p, &l.wo, &a)?;
+            let mut o = b.attend_matmul(&mut p, rows, il, (&q, &k, &v), &spec(swa), &l.wo)?;
             b.rms_norm_inplace(&mut o, &l.post_attn_norm, c.rms_eps)?;
             let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
             let mut d = b.gated_matmul(&p, gate, &up, Gate::Gelu, &l.w_down)?;

@@ -74,8 +74,7 @@ impl<B: Backend> Architecture for Llama<B> {
                 Some(y) => b.add_norm_matmul_many(&p, &mut x, &y, &l.attn_norm, c.rms_eps, qkv)?,
                 None => b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, qkv)?,
             };
-            let a = b.rope_attend(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec)?;
-            let o = b.matmul(&p, &l.wo, &a)?;
+            let o = b.rope_attend_matmul(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec, &l.wo)?;
             let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
             ffn_out = Some(b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?);
         }

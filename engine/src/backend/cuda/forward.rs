@@ -191,6 +191,30 @@ impl CudaBackend {
         Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
     }
 
+    /// Attention (K/V already stored), then its output times `w`. In a pass of decode
+    /// rows only (all GEMV) whose matmul takes blocks of 32, the attention kernel
+    /// quantizes its output for the GEMV itself (`Gpu::attention` with an activation).
+    fn attention_matmul(
+        &self,
+        p: &CudaPass,
+        layer: usize,
+        q: &CudaSlice<f32>,
+        spec: &AttnSpec,
+        w: &DeviceWeights,
+    ) -> Result<CudaSlice<f32>> {
+        let format = Self::act_format(w)?;
+        let decode_only = p.kv.n_tiles == 0 && p.runs.iter().all(|r| !r.1);
+        if !(decode_only && format.block() == 32 && spec.head_dim.is_multiple_of(32)) {
+            let a = self.gpu.attention(&p.kv, layer, q, spec, None)?;
+            let [y] = self.matmul_runs(&p.runs, [w], &a)?;
+            return Ok(y);
+        }
+        let mut act = DeviceAct::alloc(&self.gpu, format, p.kv.total, w.k)?;
+        self.gpu.attention(&p.kv, layer, q, spec, Some(&mut act))?;
+        let [y] = self.matmul_acts(&p.runs, [w], &[(act, None)])?;
+        Ok(y)
+    }
+
     fn upload(&self, g: &Gguf, name: &str, k: usize, n: usize) -> Result<DeviceWeights> {
         let dims = g.dims(name)?;
         if dims != [n, k] {
@@ -366,7 +390,35 @@ impl Backend for CudaBackend {
         spec: &AttnSpec,
     ) -> Result<CudaSlice<f32>> {
         self.gpu.kv_store(&mut p.kv, layer, k, v)?;
-        self.gpu.attention(&p.kv, layer, q, spec)
+        self.gpu.attention(&p.kv, layer, q, spec, None)
+    }
+
+    fn attend_matmul(
+        &self,
+        p: &mut CudaPass,
+        _rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        spec: &AttnSpec,
+        w: &DeviceWeights,
+    ) -> Result<CudaSlice<f32>> {
+        self.gpu.kv_store(&mut p.kv, layer, k, v)?;
+        self.attention_matmul(p, layer, q, spec, w)
+    }
+
+    fn rope_attend_matmul(
+        &self,
+        p: &mut CudaPass,
+        _rows: &mut [Row<'_>],
+        layer: usize,
+        (q, k, v): (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &CudaSlice<f32>),
+        rope: Rotary,
+        spec: &AttnSpec,
+        w: &DeviceWeights,
+    ) -> Result<CudaSlice<f32>> {
+        let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
+        self.gpu.rope_kv_store(&mut p.kv, layer, (q, k, v), rope.k_heads, rs)?;
+        self.attention_matmul(p, layer, q, spec, w)
     }
 
     fn rope_attend(
@@ -380,7 +432,7 @@ impl Backend for CudaBackend {
     ) -> Result<CudaSlice<f32>> {
         let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
         self.gpu.rope_kv_store(&mut p.kv, layer, (q, k, v), rope.k_heads, rs)?;
-        self.gpu.attention(&p.kv, layer, q, spec)
+        self.gpu.attention(&p.kv, layer, q, spec, None)
     }
 
     fn silu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {

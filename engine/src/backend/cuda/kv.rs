@@ -5,11 +5,11 @@
 //! buffer that `finish` copies back to the host cache, and `attention` reads it.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::ops::RopeSpec;
+use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::programs::{ATTENTION, PREFILL};
 use crate::error::{Error, Result};
 use crate::kernels::AttnSpec;
@@ -18,7 +18,7 @@ use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
 
 /// Positions a mirror grows by at least.
 const GROW: usize = 256;
-/// Largest head dimension the attention kernel takes (`ATT_MAX_DIM`).
+/// Largest head dimension the attention kernels take.
 const MAX_HEAD_DIM: usize = 256;
 /// Keys a tile of `attention_tiled` holds in shared memory (`KT`).
 const TILE_KEYS: usize = 32;
@@ -52,12 +52,22 @@ pub(crate) struct KvPlan {
     /// `PlanHost::tiles` and `singles` (each at least one value long).
     tiles: CudaSlice<i32>,
     singles: CudaSlice<i32>,
-    n_tiles: usize,
+    pub(crate) n_tiles: usize,
     n_singles: usize,
     /// New K/V of every layer, `[layer][k|v][T][kv_dim]`, for the host cache.
     pub(crate) stage: CudaSlice<f16>,
     pub(crate) total: usize,
     pub(crate) kv_dim: usize,
+}
+
+/// The one-query attention kernel for head dimension `hd` (a multiple of 8, at most
+/// 256): instantiated for a capacity of 64, 128 or 256 dimensions, the smallest that holds it.
+fn decode_kernel(hd: usize) -> &'static str {
+    match hd {
+        ..=64 => "attention_64",
+        65..=128 => "attention_128",
+        _ => "attention_256",
+    }
 }
 
 fn cuda(op: &'static str, reason: String) -> Error {
@@ -312,18 +322,31 @@ impl Gpu {
 
     /// Attention of the pass's queries (`[T][n_heads][head_dim]`) over their rows'
     /// mirrors for `layer` (after `kv_store`). Returns `[T][n_heads][head_dim]`.
+    /// With `quant` (a Q8_0 / Q8_1 activation of `[T][n_heads * head_dim]`; only for a
+    /// pass of decode rows, head_dim a multiple of 32) the output is also quantized into
+    /// it, exactly as `quantize` would.
     pub(crate) fn attention(
         &self,
         plan: &KvPlan,
         layer: usize,
         q: &CudaSlice<f32>,
         spec: &AttnSpec,
+        quant: Option<&mut DeviceAct>,
     ) -> Result<CudaSlice<f32>> {
         let (hd, nh, nkv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
         if hd > MAX_HEAD_DIM || !hd.is_multiple_of(8) || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
             return Err(cuda("attention", format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
         }
-        let mut out = self.stream.alloc_zeros::<f32>(q.len()).map_err(drv("alloc attention"))?;
+        if let Some(a) = &quant {
+            let fits = plan.n_tiles == 0 && hd.is_multiple_of(32) && a.format.block() == 32;
+            if !fits || a.format == ActFormat::Q8K || a.rows != plan.total || a.k != nh * hd {
+                let what = format!("{:?} {}x{} for {} rows of {nh}x{hd}", a.format, a.rows, a.k, plan.total);
+                return Err(cuda("attention", format!("cannot quantize the output into {what}")));
+            }
+        }
+        // SAFETY: f32 has no invalid bit patterns; every query token is in a tile or a
+        // single, and both kernels write all n_heads * head_dim values of their tokens.
+        let mut out = unsafe { self.stream.alloc::<f32>(q.len()) }.map_err(drv("alloc attention"))?;
         if plan.total == 0 {
             return Ok(out);
         }
@@ -352,17 +375,27 @@ impl Gpu {
             unsafe { b.launch(cfg) }.map_err(drv("attention_tiled"))?;
         }
         if plan.n_singles > 0 {
-            let f = self.function(&ATTENTION, "attention")?;
+            let f = self.function(&ATTENTION, decode_kernel(hd))?;
             let cfg = LaunchConfig {
                 grid_dim: (plan.n_singles as u32, nh as u32, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let (qs, qd, qsum, with_sum) = match quant {
+                Some(a) => {
+                    let s = &self.stream;
+                    let with_sum = i32::from(a.format == ActFormat::Q8_1);
+                    (a.qs.device_ptr_mut(s).0, a.d.device_ptr_mut(s).0, a.s.device_ptr_mut(s).0, with_sum)
+                }
+                None => (0, 0, 0, 0),
+            };
             let mut b = self.stream.launch_builder(&f);
             b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
             b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
+            b.arg(&qs).arg(&qd).arg(&qsum).arg(&with_sum);
             // SAFETY: q and out hold total*nh*hd; every token's row mirror holds positions
-            // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store).
+            // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store);
+            // a quantized output's arrays were sized for total rows of nh*hd (checked).
             unsafe { b.launch(cfg) }.map_err(drv("attention"))?;
         }
         Ok(out)
@@ -392,7 +425,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::PrefillKernel;
+    use super::{PrefillKernel, decode_kernel};
 
     #[test]
     fn prefill_attention_kernel_by_head_dim_and_device() {
@@ -405,5 +438,14 @@ mod tests {
         assert_eq!(PrefillKernel::choose(128, false, false).smem, 53_760);
         assert_eq!(PrefillKernel::choose(256, true, false).smem, 84_480);
         assert_eq!(PrefillKernel::choose(64, true, false).queries, 64);
+    }
+
+    #[test]
+    fn decode_attention_kernel_by_head_dim() {
+        let names: Vec<_> = [8, 64, 72, 128, 136, 256].into_iter().map(decode_kernel).collect();
+        assert_eq!(
+            names,
+            ["attention_64", "attention_64", "attention_128", "attention_128", "attention_256", "attention_256"]
+        );
     }
 }

@@ -23,16 +23,25 @@ fn filled(rng: &mut rand::rngs::StdRng, shape: KvShape, n: usize) -> SeqCache {
 fn cuda_attention_over_the_device_kv() {
     let Some(g) = gpu() else { return };
     let mut rng = rng("cuda_attention_over_the_device_kv");
-    // head_dim 64 and 128 take the tensor-core prefill kernel, 256 the SIMT one.
-    let shapes =
-        [(9, 3, 64, None), (4, 1, 256, Some(40)), (8, 8, 128, None), (8, 2, 128, Some(50)), (4, 4, 64, Some(7))];
+    // head_dim 64 and 128 take the tensor-core prefill kernel, 256 and 96 the SIMT one;
+    // decode rows the one-query kernel for 64, 128 (96 inside it) or 256 dimensions.
+    let shapes = [
+        (9, 3, 64, None),
+        (4, 1, 256, Some(40)),
+        (8, 8, 128, None),
+        (8, 2, 128, Some(50)),
+        (4, 4, 64, Some(7)),
+        (6, 2, 96, None),
+    ];
     for (heads, kv_heads, hd, window) in shapes {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
         let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window };
         // (committed positions, new tokens) per sequence: decode rows and a prefill row.
         // Prefill rows take the tiled kernel: query tiles (32, or 16 at head_dim 256)
-        // ending mid-tile, key tiles of 32 starting before the window.
-        let plan = [(0, 5), (70, 1), (33, 40), (100, 1), (200, 33)];
+        // ending mid-tile, key tiles of 32 starting before the window. The decode row
+        // after 4,200 positions sees more keys than the one-query kernel keeps scores
+        // for (ATT_SMAX, 4,096) unless a window limits them: its second pass recomputes.
+        let plan = [(0, 5), (70, 1), (33, 40), (100, 1), (200, 33), (4200, 1)];
         let mut caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
         let mut cpu_caches = caches.clone();
         let total: usize = plan.iter().map(|p| p.1).sum();
@@ -43,7 +52,7 @@ fn cuda_attention_over_the_device_kv() {
         let mut rows: Vec<(&mut SeqCache, usize)> = caches.iter_mut().zip(&plan).map(|(c, p)| (c, p.1)).collect();
         let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, layer, &up(g, &k), &up(g, &v)).expect("kv_store");
-        let got = down(g, &g.attention(&kv, layer, &up(g, &q), &spec).expect("attention"));
+        let got = down(g, &g.attention(&kv, layer, &up(g, &q), &spec, None).expect("attention"));
         let stage: Vec<f16> = down(g, &kv.stage);
 
         let (mut want, mut at) = (Vec::new(), 0);
@@ -90,7 +99,7 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
         let mut rows = [(&mut *c, 1)];
         let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
-        let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec).expect("attention"));
+        let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec, None).expect("attention"));
         host.reserve(1);
         host.write(0, n, &k, &v);
         c.reserve(1);
@@ -155,7 +164,7 @@ fn cuda_rope_kv_store_equals_rope_then_store() {
                 g.rope_qk((&mut qd, &mut kd), kv_heads, &kv.tok_pos, rope).expect("rope_qk");
                 g.kv_store(&mut kv, layer, &kd, &vd).expect("kv_store");
             }
-            let att = down(g, &g.attention(&kv, layer, &qd, &spec).expect("attention"));
+            let att = down(g, &g.attention(&kv, layer, &qd, &spec, None).expect("attention"));
             let stage: Vec<f16> = down(g, &kv.stage);
             outs.push((down(g, &qd), stage, att));
         }
@@ -165,4 +174,48 @@ fn cuda_rope_kv_store_equals_rope_then_store() {
         assert_eq!(bits(&outs[0].2), bits(&outs[1].2), "{heads}/{kv_heads}x{hd}: attention");
         println!("rope_kv_store {heads}/{kv_heads}x{hd} {style:?}: equal to rope_qk + kv_store");
     }
+}
+
+/// The one-query kernel's quantized output (a pass of decode rows, Q8_0 and Q8_1) is
+/// exactly `quantize` of its f32 output; a pass with a prefill row is refused.
+#[test]
+fn cuda_attention_quantized_output_equals_quantize() {
+    use super::ops::{ActFormat, DeviceAct};
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_attention_quantized_output_equals_quantize");
+    for (heads, kv_heads, hd) in [(9, 3, 64), (8, 2, 128), (4, 1, 256)] {
+        let shape = KvShape { n_layers: 1, kv_dim: kv_heads * hd };
+        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
+        let plan = [(70, 1), (0, 1), (4200, 1)];
+        let mut caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
+        let q = up(g, &randn(&mut rng, plan.len() * heads * hd, 1.0));
+        let (k, v) = (randn(&mut rng, plan.len() * shape.kv_dim, 1.0), randn(&mut rng, plan.len() * shape.kv_dim, 1.0));
+        let mut rows: Vec<(&mut SeqCache, usize)> = caches.iter_mut().zip(&plan).map(|(c, p)| (c, p.1)).collect();
+        let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
+        g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
+        for format in [ActFormat::Q8_0, ActFormat::Q8_1] {
+            let a = g.attention(&kv, 0, &q, &spec, None).expect("attention");
+            let mut want = DeviceAct::alloc(g, format, plan.len(), heads * hd).expect("alloc");
+            g.quantize(&a, &mut want).expect("quantize");
+            let mut got = DeviceAct::alloc(g, format, plan.len(), heads * hd).expect("alloc");
+            let a2 = g.attention(&kv, 0, &q, &spec, Some(&mut got)).expect("attention quantized");
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&down(g, &a)), bits(&down(g, &a2)), "{heads}/{kv_heads}x{hd}: f32 output");
+            assert_eq!(down(g, &want.qs), down(g, &got.qs), "{heads}/{kv_heads}x{hd} {format:?}: values");
+            assert_eq!(bits(&down(g, &want.d)), bits(&down(g, &got.d)), "{heads}/{kv_heads}x{hd} {format:?}: scales");
+            if format == ActFormat::Q8_1 {
+                assert_eq!(bits(&down(g, &want.s)), bits(&down(g, &got.s)), "{heads}/{kv_heads}x{hd}: sums");
+            }
+            println!("attention {heads}/{kv_heads}x{hd} quantized to {format:?}: equal to quantize");
+        }
+    }
+    let shape = KvShape { n_layers: 1, kv_dim: 128 };
+    let spec = AttnSpec { n_heads: 2, n_kv_heads: 1, head_dim: 128, scale: 0.125, window: None };
+    let mut c = filled(&mut rng, shape, 3);
+    let mut kv = g.plan_kv(&mut [(&mut c, 4)], 128).expect("plan");
+    let (k, v) = (up(g, &randn(&mut rng, 4 * 128, 1.0)), up(g, &randn(&mut rng, 4 * 128, 1.0)));
+    g.kv_store(&mut kv, 0, &k, &v).expect("kv_store");
+    let mut act = DeviceAct::alloc(g, ActFormat::Q8_0, 4, 256).expect("alloc");
+    let q = up(g, &randn(&mut rng, 4 * 256, 1.0));
+    assert!(g.attention(&kv, 0, &q, &spec, Some(&mut act)).is_err(), "a prefill row cannot be quantized in place");
 }

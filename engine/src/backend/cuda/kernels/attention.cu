@@ -64,40 +64,78 @@ extern "C" __global__ void rope_kv_store(float* __restrict__ q, float* __restric
 }
 
 #define ATT_WARPS 4
-#define ATT_MAX_DIM 256
+// Visible keys whose scores a block keeps in shared memory between the two passes;
+// past this they are computed again in the second pass (the same values).
+#define ATT_SMAX 4096
 
-// q . k for one key row: q from shared memory (f16-rounded), k as 16-byte vectors.
+// q . k for one key row: q from shared memory (f16-rounded), k as 16-byte vectors, the
+// products summed in order i = 0..hd-1. D (64, 128 or 256) is the capacity, hd <= D a
+// multiple of 8; the row's loads are issued together, at most 16 at a time.
+template <int D>
 __device__ __forceinline__ float dot_row(const float* sq, const unsigned short* kr, int hd) {
+    constexpr int G = D / 8 < 16 ? D / 8 : 16;
     float s = 0.0f;
-    for (int i = 0; i < hd; i += 8) {
-        const uint4 v = *(const uint4*)(kr + i);
-        const unsigned short h[8] = {(unsigned short)(v.x & 0xffff), (unsigned short)(v.x >> 16),
-                                     (unsigned short)(v.y & 0xffff), (unsigned short)(v.y >> 16),
-                                     (unsigned short)(v.z & 0xffff), (unsigned short)(v.z >> 16),
-                                     (unsigned short)(v.w & 0xffff), (unsigned short)(v.w >> 16)};
 #pragma unroll
-        for (int e = 0; e < 8; e++) s = fmaf(sq[i + e], h2f(h[e]), s);
+    for (int g = 0; g < D / 8; g += G) {
+        uint4 w[G];
+#pragma unroll
+        for (int i = 0; i < G; i++)
+            if (8 * (g + i) < hd) w[i] = *(const uint4*)(kr + 8 * (g + i));
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            if (8 * (g + i) >= hd) break;
+            const u32 h[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+            const float* qq = sq + 8 * (g + i);
+#pragma unroll
+            for (int e = 0; e < 8; e++) s = fmaf(qq[e], h2f((unsigned short)(h[e / 2] >> (16 * (e % 2)))), s);
+        }
     }
     return s;
 }
 
-// Causal (optionally windowed) attention, one block per (query token `toks[i]`, head), with the
-// CPU's arithmetic where it matters: q rounded to f16, scores q.k * scale in f32, ggml's
-// exp, and each probability exp(s - max) / sum rounded to f16 before it weighs V. Keys
-// go in chunks of 32, lane l scoring key chunk + l with a whole dot product; the warps
-// take every ATT_WARPS-th chunk. Pass 1 finds the max and the sum (an online softmax
-// per warp, merged); pass 2 recomputes the scores and sums p * V, the lanes splitting
-// head_dim and each chunk's probabilities passed round the warp. head_dim is a multiple
-// of 8. Decode rows (one query each) take it; longer rows `attention_tiled`.
-// grid (toks, n_heads), block 32 * ATT_WARPS.
-extern "C" __global__ void attention(const float* __restrict__ q, float* __restrict__ out,
-                                     const unsigned long long* __restrict__ bases, const int* __restrict__ caps,
-                                     const int* __restrict__ tok_row, const int* __restrict__ tok_pos,
-                                     const int* __restrict__ toks, int layer, int n_heads, int n_kv, int hd,
-                                     float scale, int window) {
-    __shared__ float sq[ATT_MAX_DIM];
+// A lane's D / 32 consecutive values (from lane * D / 32) of one V row, as raw f16 pairs.
+template <int D>
+struct VSlice {
+    u32 w[D / 64];
+    __device__ __forceinline__ void load(const unsigned short* vr, int lane) {
+        const unsigned short* p = vr + lane * (D / 32);
+        if constexpr (D == 64) w[0] = *(const u32*)p;
+        if constexpr (D == 128) { const uint2 t = *(const uint2*)p; w[0] = t.x; w[1] = t.y; }
+        if constexpr (D == 256) { const uint4 t = *(const uint4*)p; w[0] = t.x; w[1] = t.y; w[2] = t.z; w[3] = t.w; }
+    }
+    __device__ __forceinline__ float at(int e) const { return h2f((unsigned short)(w[e / 2] >> (16 * (e % 2)))); }
+};
+
+// Causal (optionally windowed) attention of one query token `toks[blockIdx.x]` and head
+// blockIdx.y (decode rows: one new token each), with the CPU's arithmetic where it
+// matters: q rounded to f16, scores q.k * scale in f32, ggml's exp, and each probability
+// exp(s - max) / sum rounded to f16 before it weighs V.
+// Pass 1: keys in chunks of 32, lane l scoring key chunk + l with a whole dot product,
+// the warps taking every ATT_WARPS-th chunk; an online max and sum per warp, merged.
+// Pass 2: with at most ATT_SMAX visible keys the scores were kept in shared memory:
+// the probabilities are formed there once and the warps weigh V in rounds of R keys
+// (warp w the w-th R of every ATT_WARPS * R), all R rows' loads issued before their
+// sums. Past ATT_SMAX the scores are computed again chunk by chunk as in pass 1 and
+// passed round the warp. Lanes hold D / 32 consecutive dimensions of V; the warps'
+// partial sums are added in warp order. Everything a latency-bound short context waits
+// on is issued in batches: a decode step's attention is one block per head.
+// With `qs` given (hd a multiple of 32), the output is also quantized into the next
+// matmul's Q8_0 / Q8_1 blocks of 32 (`with_sum`), by `quant32` on the same values, as
+// `quantize_q8_32` would: one launch fewer a layer.
+// grid (toks, n_heads), block 32 * ATT_WARPS; hd <= D, a multiple of 8.
+template <int D>
+__device__ __forceinline__ void attention_one(const float* __restrict__ q, float* __restrict__ out,
+                                              const unsigned long long* __restrict__ bases,
+                                              const int* __restrict__ caps, const int* __restrict__ tok_row,
+                                              const int* __restrict__ tok_pos, const int* __restrict__ toks,
+                                              int layer, int n_heads, int n_kv, int hd, float scale, int window,
+                                              i8* __restrict__ qs, float* __restrict__ qd, float* __restrict__ qsum,
+                                              int with_sum) {
+    constexpr int PL = D / 32, R = D <= 128 ? 16 : 8;
+    __shared__ __align__(16) float sq[D];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
-    __shared__ float s_acc[ATT_WARPS][ATT_MAX_DIM];
+    __shared__ float s_acc[ATT_WARPS][D];
+    __shared__ float ss[ATT_SMAX];
     const int t = toks[blockIdx.x], h = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = tok_row[t], pos = tok_pos[t];
@@ -108,12 +146,15 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     for (int i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = h2f(f2h(qr[i]));
     __syncthreads();
     const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    const int n = pos - lo + 1;
+    const bool stored = n <= ATT_SMAX;
 
     // Pass 1: max and sum of exp(s - max).
     float m = NEG_INF, l = 0.0f;
     for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
         const int j = c + lane;
-        const float s = j <= pos ? __fmul_rn(dot_row(sq, K + (size_t)j * kv_dim, hd), scale) : NEG_INF;
+        const float s = j <= pos ? __fmul_rn(dot_row<D>(sq, K + (size_t)j * kv_dim, hd), scale) : NEG_INF;
+        if (stored && j <= pos) ss[j - lo] = s;
         const float cm = warp_max(s);
         if (cm > m) {
             l = m == NEG_INF ? 0.0f : __fmul_rn(l, ggml_expf(m - cm));
@@ -134,32 +175,54 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
     const float inv = (float)(1.0 / total);
 
     // Pass 2: probabilities rounded to f16, weighted sum of V.
-    const int per_lane = (hd + 31) / 32;
-    float acc[ATT_MAX_DIM / 32];
+    const bool active = lane * PL < hd;
+    float acc[PL];
 #pragma unroll
-    for (int c = 0; c < ATT_MAX_DIM / 32; c++) acc[c] = 0.0f;
-    for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
-        const int j = c + lane;
-        float p = 0.0f;
-        if (j <= pos) {
-            const float s = __fmul_rn(dot_row(sq, K + (size_t)j * kv_dim, hd), scale);
-            p = h2f(f2h(__fmul_rn(ggml_expf(s - mx), inv)));
+    for (int e = 0; e < PL; e++) acc[e] = 0.0f;
+    if (stored) {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) ss[j] = h2f(f2h(__fmul_rn(ggml_expf(ss[j] - mx), inv)));
+        __syncthreads();
+        for (int c = R * warp; c < n; c += R * ATT_WARPS) {
+            VSlice<D> v[R];
+#pragma unroll
+            for (int u = 0; u < R; u++)
+                if (active && c + u < n) v[u].load(V + (size_t)(lo + c + u) * kv_dim, lane);
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                if (c + u >= n) break;
+                const float p = ss[c + u];
+#pragma unroll
+                for (int e = 0; e < PL; e++) acc[e] = fmaf(v[u].at(e), p, acc[e]);
+            }
         }
-        const int count = min(32, pos - c + 1);
-        for (int kk = 0; kk < count; kk++) {
-            const float pk = __shfl_sync(0xffffffffu, p, kk);
-            const unsigned short* vr = V + (size_t)(c + kk) * kv_dim;
+    } else {
+        for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
+            const int j = c + lane;
+            float p = 0.0f;
+            if (j <= pos) {
+                const float s = __fmul_rn(dot_row<D>(sq, K + (size_t)j * kv_dim, hd), scale);
+                p = h2f(f2h(__fmul_rn(ggml_expf(s - mx), inv)));
+            }
+            const int count = min(32, pos - c + 1);
+            for (int k0 = 0; k0 < count; k0 += 8) {
+                VSlice<D> v[8];
 #pragma unroll
-            for (int e = 0; e < ATT_MAX_DIM / 32; e++) {
-                const int i = lane + 32 * e;
-                if (e < per_lane && i < hd) acc[e] = fmaf(h2f(vr[i]), pk, acc[e]);
+                for (int u = 0; u < 8; u++)
+                    if (active && k0 + u < count) v[u].load(V + (size_t)(c + k0 + u) * kv_dim, lane);
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const float pk = __shfl_sync(0xffffffffu, p, (k0 + u) & 31);
+                    if (k0 + u < count) {
+#pragma unroll
+                        for (int e = 0; e < PL; e++) acc[e] = fmaf(v[u].at(e), pk, acc[e]);
+                    }
+                }
             }
         }
     }
+    if (active) {
 #pragma unroll
-    for (int c = 0; c < ATT_MAX_DIM / 32; c++) {
-        const int i = lane + 32 * c;
-        if (c < per_lane && i < hd) s_acc[warp][i] = acc[c];
+        for (int e = 0; e < PL; e++) s_acc[warp][lane * PL + e] = acc[e];
     }
     __syncthreads();
     float* o = out + ((size_t)t * n_heads + h) * hd;
@@ -168,7 +231,31 @@ extern "C" __global__ void attention(const float* __restrict__ q, float* __restr
         for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][i];
         o[i] = a;
     }
+    if (qs) {
+        const int nb = hd / 32;
+        for (int b = warp; b < nb; b += ATT_WARPS) {
+            const int i = b * 32 + lane;
+            float a = 0.0f;
+            for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][i];
+            quant32(a, lane, ((size_t)t * n_heads + h) * nb + b, qs, qd, qsum, with_sum);
+        }
+    }
 }
+
+#define ATTENTION_ONE(D)                                                                                         \
+    extern "C" __global__ void attention_##D(const float* __restrict__ q, float* __restrict__ out,              \
+                                             const unsigned long long* __restrict__ bases,                      \
+                                             const int* __restrict__ caps, const int* __restrict__ tok_row,     \
+                                             const int* __restrict__ tok_pos, const int* __restrict__ toks,     \
+                                             int layer, int n_heads, int n_kv, int hd, float scale, int window, \
+                                             i8* __restrict__ qs, float* __restrict__ qd,                       \
+                                             float* __restrict__ qsum, int with_sum) {                          \
+        attention_one<D>(q, out, bases, caps, tok_row, tok_pos, toks, layer, n_heads, n_kv, hd, scale, window,  \
+                         qs, qd, qsum, with_sum);                                                               \
+    }
+ATTENTION_ONE(64)
+ATTENTION_ONE(128)
+ATTENTION_ONE(256)
 
 // Copy `n` rows of width `width` from x (at stacked rows src[i]) into out (row i).
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ src,

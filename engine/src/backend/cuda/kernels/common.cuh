@@ -48,6 +48,23 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Activation quantization of one block of 32 (warp-wide; `quantize.cu`): lane l holds
+// value l. `with_sum` selects Q8_1.
+__device__ __forceinline__ void quant32(float v, int lane, size_t blk, i8* __restrict__ qs,
+                                        float* __restrict__ d_out, float* __restrict__ s_out, int with_sum) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int q = __float2int_rn(__fmul_rn(v, id));
+    q = max(-128, min(127, q));
+    qs[blk * 32 + lane] = (i8)q;
+    const int sum = warp_sum_i(q);
+    if (lane == 0) {
+        d_out[blk] = h2f(f2h(d));
+        s_out[blk] = with_sum ? h2f(f2h(__fmul_rn(d, (float)sum))) : 0.0f;
+    }
+}
+
 // ggml_v_expf lane by lane (see `kernels::ops::expf`).
 __device__ __forceinline__ float ggml_expf(float x) {
     const float r = __int_as_float(0x4b400000);

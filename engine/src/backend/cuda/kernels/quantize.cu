@@ -2,22 +2,7 @@
 // Q8_0 / Q8_1 blocks of 32 (d = amax/127 kept as f16, q = round-half-even(x * 127/amax),
 // Q8_1 also f16(d * sum(q))), and Q8_K super-blocks of 256 (iscale = -127/max where max
 // is the first value of largest magnitude, d = 1/iscale as f32, sums of 16).
-
-// One block of 32 (warp-wide): lane l holds value l. `with_sum` selects Q8_1.
-__device__ __forceinline__ void quant32(float v, int lane, size_t blk, i8* __restrict__ qs,
-                                        float* __restrict__ d_out, float* __restrict__ s_out, int with_sum) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int q = __float2int_rn(__fmul_rn(v, id));
-    q = max(-128, min(127, q));
-    qs[blk * 32 + lane] = (i8)q;
-    const int sum = warp_sum_i(q);
-    if (lane == 0) {
-        d_out[blk] = h2f(f2h(d));
-        s_out[blk] = with_sum ? h2f(f2h(__fmul_rn(d, (float)sum))) : 0.0f;
-    }
-}
+// `quant32` (one block of 32) is in common.cuh: the attention kernel uses it too.
 
 // One super-block of 256 (warp-wide): lane l holds values 8l..8l+8 (half of sum group l/2).
 __device__ __forceinline__ void quant256(const float (&v)[8], int lane, size_t blk, i8* __restrict__ qs,
