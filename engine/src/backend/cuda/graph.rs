@@ -25,7 +25,8 @@ use crate::error::Result;
 use crate::model::batch::{Spans, split};
 use crate::model::{Logits, Row};
 
-/// Most rows a captured step takes (one graph per row count).
+/// Most rows a captured step takes (one graph per row count, two once rows pass
+/// `attention::SPLIT_MIN` positions).
 pub(crate) const MAX_GRAPH_ROWS: usize = 32;
 
 /// A decode step's device inputs and outputs, at fixed addresses.
@@ -49,10 +50,11 @@ struct OwnedGraph(cudarc::driver::CudaGraph);
 // from it by the one caller that launches it.
 unsafe impl Send for OwnedGraph {}
 
-/// One model's captured decode steps, by row count.
+/// One model's captured decode steps, by row count and whether a row may need split
+/// attention (`PlanHost::long`: the split launches are part of the graph).
 #[derive(Default)]
 pub(crate) struct Graphs {
-    slots: HashMap<usize, Slot>,
+    slots: HashMap<(usize, bool), Slot>,
     /// The step being captured: `begin` takes it, `finish` hands it back.
     capturing: Option<Step>,
     captured: Option<Step>,
@@ -115,7 +117,8 @@ impl Gpu {
         let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, 1)).collect();
         let plan = self.plan_host(&mut caches, None)?;
         drop(caches);
-        let slot = lock().slots.remove(&n);
+        let key = (n, plan.long());
+        let slot = lock().slots.remove(&key);
         let slot = match slot {
             Some(mut slot) => {
                 self.refill_plan(&mut slot.step.kv, &plan)?;
@@ -141,7 +144,7 @@ impl Gpu {
         };
         slot.graph.0.launch().map_err(drv("launch graph"))?;
         let logits = self.land(rows, &spans, &slot.step.kv, Some(&slot.step.logits))?;
-        lock().slots.insert(n, slot);
+        lock().slots.insert(key, slot);
         Ok(split(logits, &vec![1; n], vocab))
     }
 

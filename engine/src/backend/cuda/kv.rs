@@ -4,22 +4,20 @@
 //! stacked token's row keeps its K/V; `kv_store` writes new K/V there and into a staging
 //! buffer that `finish` copies back to the host cache, and `attention` reads it.
 
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::ops::{ActFormat, DeviceAct, RopeSpec};
-use super::programs::{ATTENTION, PREFILL};
+use super::ops::RopeSpec;
+use super::programs::ATTENTION;
 use crate::error::{Error, Result};
-use crate::kernels::AttnSpec;
 use crate::kernels::ops::RopeStyle;
 use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
 
 /// Positions a mirror grows by at least.
 const GROW: usize = 256;
 /// Largest head dimension the attention kernels take.
-const MAX_HEAD_DIM: usize = 256;
+pub(crate) const MAX_HEAD_DIM: usize = 256;
 /// Keys a tile of `attention_tiled` holds in shared memory (`KT`).
 const TILE_KEYS: usize = 32;
 
@@ -45,29 +43,22 @@ pub(crate) struct PlanHost {
 
 /// Where each stacked token's K/V goes and is read from, for one pass.
 pub(crate) struct KvPlan {
-    bases: CudaSlice<u64>,
-    caps: CudaSlice<i32>,
+    pub(crate) bases: CudaSlice<u64>,
+    pub(crate) caps: CudaSlice<i32>,
     pub(crate) tok_row: CudaSlice<i32>,
     pub(crate) tok_pos: CudaSlice<i32>,
     /// `PlanHost::tiles` and `singles` (each at least one value long).
-    tiles: CudaSlice<i32>,
-    singles: CudaSlice<i32>,
+    pub(crate) tiles: CudaSlice<i32>,
+    pub(crate) singles: CudaSlice<i32>,
     pub(crate) n_tiles: usize,
-    n_singles: usize,
+    pub(crate) n_singles: usize,
+    /// `PlanHost::long`: decode attention may split rows (a different set of launches,
+    /// so a captured step is only replayed for plans with the same value).
+    pub(crate) long: bool,
     /// New K/V of every layer, `[layer][k|v][T][kv_dim]`, for the host cache.
     pub(crate) stage: CudaSlice<f16>,
     pub(crate) total: usize,
     pub(crate) kv_dim: usize,
-}
-
-/// The one-query attention kernel for head dimension `hd` (a multiple of 8, at most
-/// 256): instantiated for a capacity of 64, 128 or 256 dimensions, the smallest that holds it.
-fn decode_kernel(hd: usize) -> &'static str {
-    match hd {
-        ..=64 => "attention_64",
-        65..=128 => "attention_128",
-        _ => "attention_256",
-    }
 }
 
 fn cuda(op: &'static str, reason: String) -> Error {
@@ -77,10 +68,10 @@ fn cuda(op: &'static str, reason: String) -> Error {
 /// The kernel that attends rows with several new tokens (prefill), with its tile of
 /// query tokens and its dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct PrefillKernel {
-    name: &'static str,
+pub(crate) struct PrefillKernel {
+    pub(crate) name: &'static str,
     queries: usize,
-    smem: usize,
+    pub(crate) smem: usize,
 }
 
 impl PrefillKernel {
@@ -106,8 +97,16 @@ impl PrefillKernel {
     }
 }
 
+impl PlanHost {
+    /// Whether a decode row sits past `attention::SPLIT_MIN` positions (its attention
+    /// may be split over several blocks a head).
+    pub(crate) fn long(&self) -> bool {
+        self.singles.iter().any(|&t| self.tok_pos[t as usize] as usize + 1 > super::attention::SPLIT_MIN)
+    }
+}
+
 impl Gpu {
-    fn prefill_kernel(&self, hd: usize) -> PrefillKernel {
+    pub(crate) fn prefill_kernel(&self, hd: usize) -> PrefillKernel {
         static SIMT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let simt = *SIMT.get_or_init(|| std::env::var("CORRAL_CUDA_ATTENTION").is_ok_and(|v| v == "simt"));
         // int8 `mma.sync` (MMQ's test) and f16 m16n8k16 both came with sm_80.
@@ -214,6 +213,7 @@ impl Gpu {
             singles: s.clone_htod(&padded(&h.singles)).map_err(up())?,
             n_tiles: h.tiles.len() / 2,
             n_singles: h.singles.len(),
+            long: h.long(),
             stage: s.alloc_zeros(h.n_layers * 2 * total * h.kv_dim).map_err(up())?,
             total,
             kv_dim: h.kv_dim,
@@ -222,7 +222,8 @@ impl Gpu {
 
     /// Write `h` into `plan`'s buffers (a plan of the same rows and tokens per row).
     pub(crate) fn refill_plan(&self, plan: &mut KvPlan, h: &PlanHost) -> Result<()> {
-        let same_tiles = h.tiles.len() / 2 == plan.n_tiles && h.singles.len() == plan.n_singles;
+        let same_tiles =
+            h.tiles.len() / 2 == plan.n_tiles && h.singles.len() == plan.n_singles && h.long() == plan.long;
         if h.tok_row.len() != plan.total || h.bases.len() != plan.bases.len() || h.kv_dim != plan.kv_dim || !same_tiles
         {
             return Err(cuda("plan KV", "refill with another shape".into()));
@@ -320,87 +321,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Attention of the pass's queries (`[T][n_heads][head_dim]`) over their rows'
-    /// mirrors for `layer` (after `kv_store`). Returns `[T][n_heads][head_dim]`.
-    /// With `quant` (a Q8_0 / Q8_1 activation of `[T][n_heads * head_dim]`; only for a
-    /// pass of decode rows, head_dim a multiple of 32) the output is also quantized into
-    /// it, exactly as `quantize` would.
-    pub(crate) fn attention(
-        &self,
-        plan: &KvPlan,
-        layer: usize,
-        q: &CudaSlice<f32>,
-        spec: &AttnSpec,
-        quant: Option<&mut DeviceAct>,
-    ) -> Result<CudaSlice<f32>> {
-        let (hd, nh, nkv) = (spec.head_dim, spec.n_heads, spec.n_kv_heads);
-        if hd > MAX_HEAD_DIM || !hd.is_multiple_of(8) || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
-            return Err(cuda("attention", format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
-        }
-        if let Some(a) = &quant {
-            let fits = plan.n_tiles == 0 && hd.is_multiple_of(32) && a.format.block() == 32;
-            if !fits || a.format == ActFormat::Q8K || a.rows != plan.total || a.k != nh * hd {
-                let what = format!("{:?} {}x{} for {} rows of {nh}x{hd}", a.format, a.rows, a.k, plan.total);
-                return Err(cuda("attention", format!("cannot quantize the output into {what}")));
-            }
-        }
-        // SAFETY: f32 has no invalid bit patterns; every query token is in a tile or a
-        // single, and both kernels write all n_heads * head_dim values of their tokens.
-        let mut out = unsafe { self.stream.alloc::<f32>(q.len()) }.map_err(drv("alloc attention"))?;
-        if plan.total == 0 {
-            return Ok(out);
-        }
-        let window = spec.window.map_or(0, |w| w as i32);
-        let (li, hi, ki, di) = (layer as i32, nh as i32, nkv as i32, hd as i32);
-        // Rows with several new tokens: query tiles over keys in shared memory.
-        if plan.n_tiles > 0 {
-            let kernel = self.prefill_kernel(hd);
-            let f = self.function(&PREFILL, kernel.name)?;
-            let smem = kernel.smem;
-            if smem > 48 << 10 {
-                // Past the 48 KiB a launch gets without asking (up to 99 KiB on sm_86/89).
-                let max = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                f.set_attribute(max, smem as i32).map_err(drv("attention shared memory"))?;
-            }
-            let cfg = LaunchConfig {
-                grid_dim: (plan.n_tiles as u32, nh as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-            b.arg(&plan.tiles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
-            // SAFETY: as below; every tile is (first token, count) of one row's
-            // consecutive tokens, and the shared memory is what the kernel lays out.
-            unsafe { b.launch(cfg) }.map_err(drv("attention_tiled"))?;
-        }
-        if plan.n_singles > 0 {
-            let f = self.function(&ATTENTION, decode_kernel(hd))?;
-            let cfg = LaunchConfig {
-                grid_dim: (plan.n_singles as u32, nh as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (qs, qd, qsum, with_sum) = match quant {
-                Some(a) => {
-                    let s = &self.stream;
-                    let with_sum = i32::from(a.format == ActFormat::Q8_1);
-                    (a.qs.device_ptr_mut(s).0, a.d.device_ptr_mut(s).0, a.s.device_ptr_mut(s).0, with_sum)
-                }
-                None => (0, 0, 0, 0),
-            };
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-            b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
-            b.arg(&qs).arg(&qd).arg(&qsum).arg(&with_sum);
-            // SAFETY: q and out hold total*nh*hd; every token's row mirror holds positions
-            // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store);
-            // a quantized output's arrays were sized for total rows of nh*hd (checked).
-            unsafe { b.launch(cfg) }.map_err(drv("attention"))?;
-        }
-        Ok(out)
-    }
-
     /// Rows `src` of `x` (`[*][width]`), gathered into `[src.len()][width]`.
     pub(crate) fn gather_rows(&self, x: &CudaSlice<f32>, src: &[usize], width: usize) -> Result<CudaSlice<f32>> {
         let mut out = self.stream.alloc_zeros::<f32>(src.len() * width).map_err(drv("alloc gather"))?;
@@ -425,7 +345,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{PrefillKernel, decode_kernel};
+    use super::PrefillKernel;
 
     #[test]
     fn prefill_attention_kernel_by_head_dim_and_device() {
@@ -438,14 +358,5 @@ mod tests {
         assert_eq!(PrefillKernel::choose(128, false, false).smem, 53_760);
         assert_eq!(PrefillKernel::choose(256, true, false).smem, 84_480);
         assert_eq!(PrefillKernel::choose(64, true, false).queries, 64);
-    }
-
-    #[test]
-    fn decode_attention_kernel_by_head_dim() {
-        let names: Vec<_> = [8, 64, 72, 128, 136, 256].into_iter().map(decode_kernel).collect();
-        assert_eq!(
-            names,
-            ["attention_64", "attention_64", "attention_128", "attention_128", "attention_256", "attention_256"]
-        );
     }
 }

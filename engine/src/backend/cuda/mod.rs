@@ -9,6 +9,7 @@
 //! `CudaBackend`, the model forward's `Backend` on the GPU (`forward.rs`). `tests.rs`
 //! checks every op against the CPU op, `tests_model.rs` whole models against the CPU.
 
+mod attention;
 mod device;
 mod download;
 pub mod fit;

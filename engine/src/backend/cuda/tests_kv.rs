@@ -32,6 +32,7 @@ fn cuda_attention_over_the_device_kv() {
         (8, 2, 128, Some(50)),
         (4, 4, 64, Some(7)),
         (6, 2, 96, None),
+        (4, 2, 128, Some(1000)),
     ];
     for (heads, kv_heads, hd, window) in shapes {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
@@ -39,8 +40,8 @@ fn cuda_attention_over_the_device_kv() {
         // (committed positions, new tokens) per sequence: decode rows and a prefill row.
         // Prefill rows take the tiled kernel: query tiles (32, or 16 at head_dim 256)
         // ending mid-tile, key tiles of 32 starting before the window. The decode row
-        // after 4,200 positions sees more keys than the one-query kernel keeps scores
-        // for (ATT_SMAX, 4,096) unless a window limits them: its second pass recomputes.
+        // after 4,200 positions is split over 15 blocks a head (or 4 under the window
+        // of 1,000; windows of 40-50 keep it whole), the rows after 70 and 100 are not.
         let plan = [(0, 5), (70, 1), (33, 40), (100, 1), (200, 33), (4200, 1)];
         let mut caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
         let mut cpu_caches = caches.clone();
@@ -70,6 +71,27 @@ fn cuda_attention_over_the_device_kv() {
         }
         rel_err(&format!("attention {heads}/{kv_heads}x{hd} window {window:?}"), &got, &want, 2e-3);
     }
+}
+
+/// A decode row after 70,000 positions: 16 splits of 4,384 keys, more than a block keeps
+/// scores for (ATT_SMAX, 4,096), so each split's second pass computes them again.
+#[test]
+fn cuda_attention_long_split_recomputes_scores() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_attention_long_split_recomputes_scores");
+    let (heads, kv_heads, hd, n) = (2, 1, 64, 70_000);
+    let shape = KvShape { n_layers: 1, kv_dim: kv_heads * hd };
+    let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
+    let mut c = filled(&mut rng, shape, n);
+    let mut cpu = c.clone();
+    let q = randn(&mut rng, heads * hd, 1.0);
+    let (k, v) = (randn(&mut rng, shape.kv_dim, 1.0), randn(&mut rng, shape.kv_dim, 1.0));
+    let mut kv = g.plan_kv(&mut [(&mut c, 1)], hd).expect("plan");
+    g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
+    let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec, None).expect("attention"));
+    cpu.reserve(1);
+    cpu.write(0, n, &k, &v);
+    rel_err("attention after 70,000 positions", &got, &attention(&cpu, 0, n, &q, &spec), 2e-3);
 }
 
 /// A mirror follows its host cache: truncated, grown past its capacity, or missing (a

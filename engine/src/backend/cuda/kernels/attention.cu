@@ -64,6 +64,8 @@ extern "C" __global__ void rope_kv_store(float* __restrict__ q, float* __restric
 }
 
 #define ATT_WARPS 4
+#define ATT_MAX_DIM 256
+#define ATT_MAX_SPLITS 64
 // Visible keys whose scores a block keeps in shared memory between the two passes;
 // past this they are computed again in the second pass (the same values).
 #define ATT_SMAX 4096
@@ -106,23 +108,58 @@ struct VSlice {
     __device__ __forceinline__ float at(int e) const { return h2f((unsigned short)(w[e / 2] >> (16 * (e % 2)))); }
 };
 
+// Split-K for long contexts: a row seeing more than ATT_SPLIT_MIN keys is attended by
+// up to gridDim.z blocks a head, each over a consecutive range of at least
+// ATT_SPLIT_KEYS keys; `attention_combine` merges them. The ranges depend only on the
+// row's own visible keys, so a row's result never depends on its company.
+#define ATT_SPLIT_KEYS 256
+#define ATT_SPLIT_MIN 512
+
+// The keys of split z of a row whose visible keys are lo..pos (n of them), for `splits`
+// blocks a head: sets [*a, *b] and returns how many splits have keys (1: not split).
+__device__ __forceinline__ int split_range(int lo, int pos, int splits, int z, int* a, int* b) {
+    const int n = pos - lo + 1;
+    if (splits <= 1 || n <= ATT_SPLIT_MIN) {
+        *a = lo;
+        *b = pos;
+        return 1;
+    }
+    const int ks = max(ATT_SPLIT_KEYS, ((n + splits - 1) / splits + 31) & ~31);
+    *a = lo + z * ks;
+    *b = min(pos, *a + ks - 1);
+    return (n + ks - 1) / ks;
+}
+
+// Store a row's output (`vals`, hd values in shared memory) and, with `qs`, quantize it
+// into Q8_0 / Q8_1 blocks of 32 with `quant32` (as `quantize_q8_32` would). Call with
+// the whole block after a __syncthreads that made `vals` visible.
+__device__ __forceinline__ void store_out(const float* vals, float* __restrict__ o, int hd, size_t row_block,
+                                          i8* __restrict__ qs, float* __restrict__ qd, float* __restrict__ qsum,
+                                          int with_sum) {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) o[i] = vals[i];
+    if (qs) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = hd / 32;
+        for (int b = warp; b < nb; b += blockDim.x >> 5) quant32(vals[b * 32 + lane], lane, row_block + b, qs, qd, qsum, with_sum);
+    }
+}
+
 // Causal (optionally windowed) attention of one query token `toks[blockIdx.x]` and head
-// blockIdx.y (decode rows: one new token each), with the CPU's arithmetic where it
-// matters: q rounded to f16, scores q.k * scale in f32, ggml's exp, and each probability
-// exp(s - max) / sum rounded to f16 before it weighs V.
+// blockIdx.y (decode rows: one new token each) over keys a..b of its row, with the CPU's
+// arithmetic where it matters: q rounded to f16, scores q.k * scale in f32, ggml's exp,
+// and each probability exp(s - max) / sum rounded to f16 before it weighs V (max and sum
+// over the block's keys: all of the row's unless it is split).
 // Pass 1: keys in chunks of 32, lane l scoring key chunk + l with a whole dot product,
 // the warps taking every ATT_WARPS-th chunk; an online max and sum per warp, merged.
-// Pass 2: with at most ATT_SMAX visible keys the scores were kept in shared memory:
-// the probabilities are formed there once and the warps weigh V in rounds of R keys
-// (warp w the w-th R of every ATT_WARPS * R), all R rows' loads issued before their
-// sums. Past ATT_SMAX the scores are computed again chunk by chunk as in pass 1 and
-// passed round the warp. Lanes hold D / 32 consecutive dimensions of V; the warps'
-// partial sums are added in warp order. Everything a latency-bound short context waits
-// on is issued in batches: a decode step's attention is one block per head.
-// With `qs` given (hd a multiple of 32), the output is also quantized into the next
-// matmul's Q8_0 / Q8_1 blocks of 32 (`with_sum`), by `quant32` on the same values, as
-// `quantize_q8_32` would: one launch fewer a layer.
-// grid (toks, n_heads), block 32 * ATT_WARPS; hd <= D, a multiple of 8.
+// Pass 2: with at most ATT_SMAX keys the scores were kept in shared memory: the
+// probabilities are formed there once and the warps weigh V in rounds of R keys (warp w
+// the w-th R of every ATT_WARPS * R), all R rows' loads issued before their sums. Past
+// ATT_SMAX the scores are computed again chunk by chunk as in pass 1 and passed round
+// the warp. Lanes hold D / 32 consecutive dimensions of V; the warps' partial sums are
+// added in warp order. Everything a latency-bound short context waits on is issued in
+// batches. A split block writes its normalized partial output, max and sum to `part`
+// ([tok][head][split][hd + 2]) for `attention_combine`; an unsplit one writes the output
+// and, with `qs` given (hd a multiple of 32), quantizes it for the next matmul.
+// grid (toks, n_heads, splits), block 32 * ATT_WARPS; hd <= D, a multiple of 8.
 template <int D>
 __device__ __forceinline__ void attention_one(const float* __restrict__ q, float* __restrict__ out,
                                               const unsigned long long* __restrict__ bases,
@@ -130,37 +167,39 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
                                               const int* __restrict__ tok_pos, const int* __restrict__ toks,
                                               int layer, int n_heads, int n_kv, int hd, float scale, int window,
                                               i8* __restrict__ qs, float* __restrict__ qd, float* __restrict__ qsum,
-                                              int with_sum) {
+                                              int with_sum, float* __restrict__ part) {
     constexpr int PL = D / 32, R = D <= 128 ? 16 : 8;
     __shared__ __align__(16) float sq[D];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][D];
     __shared__ float ss[ATT_SMAX];
-    const int t = toks[blockIdx.x], h = blockIdx.y;
+    const int t = toks[blockIdx.x], h = blockIdx.y, z = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = tok_row[t], pos = tok_pos[t];
+    int a, b;
+    const int splits = split_range(window > 0 ? max(0, pos - window + 1) : 0, pos, gridDim.z, z, &a, &b);
+    if (z >= splits) return;
     const int kv_dim = n_kv * hd;
     const unsigned short* K = kv_plane(bases, caps, r, layer, 0, n_heads, n_kv, hd, h);
     const unsigned short* V = kv_plane(bases, caps, r, layer, 1, n_heads, n_kv, hd, h);
     const float* qr = q + ((size_t)t * n_heads + h) * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = h2f(f2h(qr[i]));
     __syncthreads();
-    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
-    const int n = pos - lo + 1;
+    const int n = b - a + 1;
     const bool stored = n <= ATT_SMAX;
 
     // Pass 1: max and sum of exp(s - max).
     float m = NEG_INF, l = 0.0f;
-    for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
+    for (int c = a + 32 * warp; c <= b; c += 32 * ATT_WARPS) {
         const int j = c + lane;
-        const float s = j <= pos ? __fmul_rn(dot_row<D>(sq, K + (size_t)j * kv_dim, hd), scale) : NEG_INF;
-        if (stored && j <= pos) ss[j - lo] = s;
+        const float s = j <= b ? __fmul_rn(dot_row<D>(sq, K + (size_t)j * kv_dim, hd), scale) : NEG_INF;
+        if (stored && j <= b) ss[j - a] = s;
         const float cm = warp_max(s);
         if (cm > m) {
             l = m == NEG_INF ? 0.0f : __fmul_rn(l, ggml_expf(m - cm));
             m = cm;
         }
-        l += warp_sum(j <= pos ? ggml_expf(s - m) : 0.0f);
+        l += warp_sum(j <= b ? ggml_expf(s - m) : 0.0f);
     }
     if (lane == 0) {
         s_m[warp] = m;
@@ -186,7 +225,7 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
             VSlice<D> v[R];
 #pragma unroll
             for (int u = 0; u < R; u++)
-                if (active && c + u < n) v[u].load(V + (size_t)(lo + c + u) * kv_dim, lane);
+                if (active && c + u < n) v[u].load(V + (size_t)(a + c + u) * kv_dim, lane);
 #pragma unroll
             for (int u = 0; u < R; u++) {
                 if (c + u >= n) break;
@@ -196,14 +235,14 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
             }
         }
     } else {
-        for (int c = lo + 32 * warp; c <= pos; c += 32 * ATT_WARPS) {
+        for (int c = a + 32 * warp; c <= b; c += 32 * ATT_WARPS) {
             const int j = c + lane;
             float p = 0.0f;
-            if (j <= pos) {
+            if (j <= b) {
                 const float s = __fmul_rn(dot_row<D>(sq, K + (size_t)j * kv_dim, hd), scale);
                 p = h2f(f2h(__fmul_rn(ggml_expf(s - mx), inv)));
             }
-            const int count = min(32, pos - c + 1);
+            const int count = min(32, b - c + 1);
             for (int k0 = 0; k0 < count; k0 += 8) {
                 VSlice<D> v[8];
 #pragma unroll
@@ -225,21 +264,24 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
         for (int e = 0; e < PL; e++) s_acc[warp][lane * PL + e] = acc[e];
     }
     __syncthreads();
-    float* o = out + ((size_t)t * n_heads + h) * hd;
+    // q is no longer needed: sq holds the block's output.
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][i];
-        o[i] = a;
+        float v = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++) v += s_acc[w][i];
+        sq[i] = v;
     }
-    if (qs) {
-        const int nb = hd / 32;
-        for (int b = warp; b < nb; b += ATT_WARPS) {
-            const int i = b * 32 + lane;
-            float a = 0.0f;
-            for (int w = 0; w < ATT_WARPS; w++) a += s_acc[w][i];
-            quant32(a, lane, ((size_t)t * n_heads + h) * nb + b, qs, qd, qsum, with_sum);
+    __syncthreads();
+    const size_t row = (size_t)t * n_heads + h;
+    if (splits > 1) {
+        float* pz = part + (row * gridDim.z + z) * (size_t)(hd + 2);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) pz[i] = sq[i];
+        if (threadIdx.x == 0) {
+            pz[hd] = mx;
+            pz[hd + 1] = (float)total;
         }
+        return;
     }
+    store_out(sq, out + row * hd, hd, row * (hd / 32), qs, qd, qsum, with_sum);
 }
 
 #define ATTENTION_ONE(D)                                                                                         \
@@ -249,13 +291,48 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
                                              const int* __restrict__ tok_pos, const int* __restrict__ toks,     \
                                              int layer, int n_heads, int n_kv, int hd, float scale, int window, \
                                              i8* __restrict__ qs, float* __restrict__ qd,                       \
-                                             float* __restrict__ qsum, int with_sum) {                          \
+                                             float* __restrict__ qsum, int with_sum, float* __restrict__ part) { \
         attention_one<D>(q, out, bases, caps, tok_row, tok_pos, toks, layer, n_heads, n_kv, hd, scale, window,  \
-                         qs, qd, qsum, with_sum);                                                               \
+                         qs, qd, qsum, with_sum, part);                                                         \
     }
 ATTENTION_ONE(64)
 ATTENTION_ONE(128)
 ATTENTION_ONE(256)
+
+// The splits of each split row (`attention_*` with gridDim.z = splits) merged: with the
+// global max M and sum L = sum_z l_z exp(m_z - M) (f64, in split order), output =
+// sum_z (l_z exp(m_z - M) / L) * o_z in split order, then stored (and quantized) as an
+// unsplit row's. Rows that were not split were written by the attention kernel itself.
+// grid (toks, n_heads), block 128.
+extern "C" __global__ void attention_combine(float* __restrict__ out, const int* __restrict__ tok_pos,
+                                             const int* __restrict__ toks, int n_heads, int hd, int window,
+                                             int splits, const float* __restrict__ part, i8* __restrict__ qs,
+                                             float* __restrict__ qd, float* __restrict__ qsum, int with_sum) {
+    __shared__ float vals[ATT_MAX_DIM];
+    __shared__ float wz[ATT_MAX_SPLITS];
+    const int t = toks[blockIdx.x], h = blockIdx.y, pos = tok_pos[t];
+    int a, b;
+    const int used = split_range(window > 0 ? max(0, pos - window + 1) : 0, pos, splits, 0, &a, &b);
+    if (used <= 1) return;
+    const size_t row = (size_t)t * n_heads + h;
+    const float* pr = part + row * splits * (size_t)(hd + 2);
+    if (threadIdx.x == 0) {
+        float mx = NEG_INF;
+        for (int z = 0; z < used; z++) mx = fmaxf(mx, pr[z * (hd + 2) + hd]);
+        double total = 0.0;
+        for (int z = 0; z < used; z++) total += (double)pr[z * (hd + 2) + hd + 1] * (double)ggml_expf(pr[z * (hd + 2) + hd] - mx);
+        for (int z = 0; z < used; z++)
+            wz[z] = (float)((double)pr[z * (hd + 2) + hd + 1] * (double)ggml_expf(pr[z * (hd + 2) + hd] - mx) / total);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float v = 0.0f;
+        for (int z = 0; z < used; z++) v = fmaf(wz[z], pr[z * (hd + 2) + i], v);
+        vals[i] = v;
+    }
+    __syncthreads();
+    store_out(vals, out + row * hd, hd, row * (hd / 32), qs, qd, qsum, with_sum);
+}
 
 // Copy `n` rows of width `width` from x (at stacked rows src[i]) into out (row i).
 extern "C" __global__ void gather_rows(const float* __restrict__ x, const int* __restrict__ src,
