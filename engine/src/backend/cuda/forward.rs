@@ -191,6 +191,18 @@ impl CudaBackend {
         Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
     }
 
+    /// RoPE of the queries and keys, the keys and values stored (`rope_kv_store`).
+    fn rope_store(
+        &self,
+        p: &mut CudaPass,
+        layer: usize,
+        qkv: (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &CudaSlice<f32>),
+        rope: Rotary,
+    ) -> Result<()> {
+        let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
+        self.gpu.rope_kv_store(&mut p.kv, layer, qkv, rope.k_heads, rs)
+    }
+
     /// Attention (K/V already stored), then its output times `w`. In a pass of decode
     /// rows only (all GEMV) whose matmul takes blocks of 32, the attention kernel
     /// quantizes its output for the GEMV itself (`Gpu::attention` with an activation).
@@ -416,8 +428,7 @@ impl Backend for CudaBackend {
         spec: &AttnSpec,
         w: &DeviceWeights,
     ) -> Result<CudaSlice<f32>> {
-        let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
-        self.gpu.rope_kv_store(&mut p.kv, layer, (q, k, v), rope.k_heads, rs)?;
+        self.rope_store(p, layer, (q, k, v), rope)?;
         self.attention_matmul(p, layer, q, spec, w)
     }
 
@@ -430,8 +441,7 @@ impl Backend for CudaBackend {
         rope: Rotary,
         spec: &AttnSpec,
     ) -> Result<CudaSlice<f32>> {
-        let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
-        self.gpu.rope_kv_store(&mut p.kv, layer, (q, k, v), rope.k_heads, rs)?;
+        self.rope_store(p, layer, (q, k, v), rope)?;
         self.gpu.attention(&p.kv, layer, q, spec, None)
     }
 
