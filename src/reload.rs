@@ -9,9 +9,15 @@ use corral_pool::Pool;
 
 use crate::config::Source;
 
-/// Reload on every SIGHUP until the runtime ends.
-pub async fn on_sighup(source: Source, pool: Pool, upstreams: Vec<corral_gateway::UpstreamSpec>) {
-    let mut hangups = match corral_net::signals::watch_hangup() {
+/// Reload on every SIGHUP (`hangups`: `corral_net::signals::watch_hangup`, called before
+/// the server listens) until the runtime ends.
+pub async fn on_sighup(
+    hangups: std::io::Result<tokio::sync::mpsc::Receiver<()>>,
+    source: Source,
+    pool: Pool,
+    upstreams: Vec<corral_gateway::UpstreamSpec>,
+) {
+    let mut hangups = match hangups {
         Ok(rx) => rx,
         Err(e) => {
             tracing::error!(error = %e, "cannot watch SIGHUP; the config will not be reloaded");

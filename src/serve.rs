@@ -356,8 +356,12 @@ pub fn serve(args: ServeArgs) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let pool = Pool::new(pool_cfg)?;
-        // Ends with the runtime: it holds nothing that needs a clean stop.
-        tokio::spawn(crate::reload::on_sighup(source, pool.clone(), upstreams));
+        // SIGHUP is caught from here on, before the gateway says it listens (a task
+        // that registered on its first poll left a window where SIGHUP's default action,
+        // exit, applied). The task ends with the runtime: it holds nothing that needs a
+        // clean stop.
+        let hangups = corral_net::signals::watch_hangup();
+        tokio::spawn(crate::reload::on_sighup(hangups, source, pool.clone(), upstreams));
         corral_gateway::run(gw, pool).await
     })
     .map_err(Into::into)
