@@ -238,12 +238,6 @@ pub fn engine(args: EngineArgs) -> u8 {
     // SAFETY: installing SIG_IGN has no handler code to be unsafe about.
     let _ =
         unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGXFSZ, nix::sys::signal::SigHandler::SigIgn) };
-    // A panic must end the process (the supervisor sees a crash, not a zombie engine).
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        default_hook(info);
-        std::process::abort();
-    }));
     let stem = args.model.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_owned();
     let id = match ModelId::new(args.id.clone().unwrap_or(stem)) {
         Ok(id) => id,

@@ -64,6 +64,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A panic ends the process, in every verb: an engine's supervisor sees a crash, not
+    // a zombie engine, and no half-done state outlives it. (The release profile unwinds
+    // so tests share its builds; this hook makes the binary abort as `panic = "abort"`
+    // would.)
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::abort();
+    }));
     let cli = Cli::parse();
     if let Command::Engine(args) = cli.command {
         init_logging(true);
