@@ -28,6 +28,7 @@ mod gateway_real;
 mod hf_cache;
 mod lifecycle_real;
 mod metrics;
+mod openapi;
 mod prompt_cache;
 mod pull;
 mod reasoning;

@@ -7,15 +7,13 @@
 //! a body (or, for a stream, every event) valid under the schema it gives. The requests
 //! that succeed are valid under the spec's request schema, and those over a bound are not.
 
-#[path = "../common/mod.rs"]
-mod common;
 mod spec;
 
 use std::collections::BTreeSet;
 
-use common::gateway::Gateway;
-use common::http::{self, Response};
-use common::{GEMMA, SMOLLM, model_path};
+use crate::common::gateway::Gateway;
+use crate::common::http::{self, Response};
+use crate::common::{GEMMA, SMOLLM, model_path};
 use serde_json::{Value, json};
 use spec::{Spec, bare_media, sse_events};
 
