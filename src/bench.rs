@@ -1,7 +1,7 @@
 //! `corral bench`: llama-bench-style throughput of the engine in-process: prefill of a
 //! synthetic prompt (`pp`) and decode of greedy tokens (`tg`) from an empty context or
 //! after `--depth` tokens,
-//! printed as one JSON line per repetition for `scripts/bench-engine`.
+//! printed as one JSON line per repetition for `scripts/bench/engine`.
 
 use std::time::Instant;
 

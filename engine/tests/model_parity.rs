@@ -1,5 +1,5 @@
 //! Model forward against llama.cpp's greedy continuations (fixtures from
-//! scripts/oracle/run): teacher-forced argmax agreement and free-running greedy, with
+//! scripts/models/oracle/run): teacher-forced argmax agreement and free-running greedy, with
 //! llama.cpp's own batch-dependent arithmetic and with corral's default batch-invariant
 //! arithmetic (llama.cpp's one-row path for every row); and the invariance itself: a
 //! prompt split anywhere gives bit-identical logits.

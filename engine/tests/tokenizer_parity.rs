@@ -1,4 +1,4 @@
-//! Our tokenizer against llama.cpp's ids (fixtures from scripts/oracle/run), both models.
+//! Our tokenizer against llama.cpp's ids (fixtures from scripts/models/oracle/run), both models.
 
 mod common;
 

@@ -45,7 +45,7 @@ pub struct HubFile {
     pub path: PathBuf,
 }
 
-/// `$CORRAL_MODELS_DIR`, else `~/.cache/corral/models` (where `scripts/fetch-models` puts them).
+/// `$CORRAL_MODELS_DIR`, else `~/.cache/corral/models` (where `scripts/models/fetch` puts them).
 pub fn default_models_dir() -> PathBuf {
     match std::env::var_os("CORRAL_MODELS_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
@@ -130,7 +130,7 @@ pub fn lookup(name: &str, known: &[ModelEntry], dir: &Path) -> Result<ModelEntry
 
 fn known_ids<'a>(ids: impl Iterator<Item = &'a ModelId>) -> String {
     let ids: Vec<&str> = ids.map(ModelId::as_str).collect();
-    if ids.is_empty() { "none; run scripts/fetch-models or corral pull ORG/REPO".to_owned() } else { ids.join(", ") }
+    if ids.is_empty() { "none; run scripts/models/fetch or corral pull ORG/REPO".to_owned() } else { ids.join(", ") }
 }
 
 /// Ids for files of the Hugging Face cache, given the ids already taken (the models

@@ -28,7 +28,7 @@ export async function startServer() {
   const dir = mkdtempSync(join(tmpdir(), 'corral-browser-'));
   const models = modelsDir();
   for (const id of [SMOL, GEMMA]) {
-    if (!existsSync(join(models, `${id}.gguf`))) throw new Error(`${id}.gguf is missing in ${models}: run scripts/fetch-models`);
+    if (!existsSync(join(models, `${id}.gguf`))) throw new Error(`${id}.gguf is missing in ${models}: run scripts/models/fetch`);
   }
   const args = [
     'serve', '--port', '0', '--no-open',

@@ -2,7 +2,7 @@
 //! writes prompt-cache files, over and over. No published file may ever fail its checks,
 //! temp files are cleaned at the next start, and the cache still gives correct output.
 //!
-//! Iterations: `CORRAL_CRASH_ITERATIONS` (default 50; `scripts/crash-cache` runs 1,000).
+//! Iterations: `CORRAL_CRASH_ITERATIONS` (default 50; `scripts/test/crash-cache` runs 1,000).
 
 use std::io::Write;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Upstream models on real servers over loopback: a front `corral serve` whose model
 //! `big` is served by two other `corral serve` processes (replicas) under their name
 //! `smol`, with their API key taken from an environment variable; and llama.cpp's
-//! `llama-server` as an upstream when it has been built (`scripts/build-peer`, or
+//! `llama-server` as an upstream when it has been built (`scripts/peer/build`, or
 //! `$LLAMA_SERVER`).
 
 use std::sync::Arc;
@@ -226,7 +226,7 @@ fn a_client_leaving_cancels_the_upstream_generation() {
     assert!(stopped, "{}", call(&b.addr, "GET", "/stats", None, CLUSTER_KEY).text());
 }
 
-/// llama.cpp's server: built by `scripts/build-peer` (or named by `$LLAMA_SERVER`).
+/// llama.cpp's server: built by `scripts/peer/build` (or named by `$LLAMA_SERVER`).
 fn llama_server_bin() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("LLAMA_SERVER") {
         return Some(p.into());
@@ -249,7 +249,7 @@ impl Drop for Killed {
 #[test]
 fn llama_server_as_an_upstream() {
     let Some(bin) = llama_server_bin() else {
-        eprintln!("llama_server_as_an_upstream: no llama-server (scripts/build-peer builds it); not run");
+        eprintln!("llama_server_as_an_upstream: no llama-server (scripts/peer/build builds it); not run");
         return;
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

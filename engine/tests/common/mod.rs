@@ -17,7 +17,7 @@ pub fn models_dir() -> PathBuf {
 
 pub fn model_path(file: &str) -> PathBuf {
     let p = models_dir().join(file);
-    assert!(p.is_file(), "{} is missing: run scripts/fetch-models first", p.display());
+    assert!(p.is_file(), "{} is missing: run scripts/models/fetch first", p.display());
     p
 }
 

@@ -1,6 +1,6 @@
 //! Whole models on the GPU against the CPU engine (the oracle), on the GGUF files named
-//! by `CORRAL_GPU_MODELS` (colon-separated; `scripts/test-gpu` makes deterministic
-//! llama- and gemma3-shaped ones with `scripts/make-gguf`): teacher-forced top-1
+//! by `CORRAL_GPU_MODELS` (colon-separated; `scripts/test/gpu` makes deterministic
+//! llama- and gemma3-shaped ones with `scripts/models/make-gguf`): teacher-forced top-1
 //! agreement, greedy continuations of a fixed prompt set, and batched = serial on the
 //! GPU. The reference is computed by the CPU engine in the same run, on the same file.
 //!

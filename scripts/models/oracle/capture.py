@@ -223,7 +223,7 @@ def capture(path: Path, kind: str) -> dict:
     o = Oracle(path)
     out = {
         "model_file": path.name,
-        "made_by": "scripts/oracle/run (scripts/oracle/capture.py)",
+        "made_by": "scripts/models/oracle/run (scripts/models/oracle/capture.py)",
         "llama_cpp_python": llama_cpp.__version__,
         "machine": platform.machine(),
         "settings": "n_ctx=4096 n_batch=512 n_threads=2, default KV type (f16), greedy = argmax of logits",

@@ -1,11 +1,11 @@
-"""The soak's client and its verdicts (scripts/soak).
+"""The soak's client and its verdicts (scripts/test/soak).
 
 `exchange` is a small raw HTTP/1.1 client: it reports exactly what came back (refused,
 closed before a head, a status with a whole or cut body, the SSE events it saw, a read
 that outlived its deadline) so that nothing a gateway does is smoothed over by a
 library. `classify` turns one such record into an outcome with a reason, by the rules
 written down in docs/reliability.md ("Soak"); it does no I/O, so it is checked on its own
-(`python3 scripts/soaklib.py` runs its self-test).
+(`python3 scripts/test/soaklib.py` runs its self-test).
 """
 import json
 import socket

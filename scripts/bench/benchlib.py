@@ -1,4 +1,4 @@
-"""Shared helpers for scripts/bench-*: HTTP over TCP or a unix socket, a streaming
+"""Shared helpers for scripts/bench/*: HTTP over TCP or a unix socket, a streaming
 client, starting corral and llama.cpp's llama-server, medians."""
 import http.client
 import json
@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = Path(os.environ.get("CORRAL_MODELS_DIR") or Path.home() / ".cache/corral/models")
 SMOL, GEMMA = "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"
 PROMPT = ("The history of the river valley is long. " * 30).strip()
@@ -156,13 +156,13 @@ def start_gateway(binary, threads, run_dir, extra=()):
 
 
 def peer_dir():
-    """Where scripts/build-peer put llama-server and llama-bench (built on first use)."""
-    out = subprocess.run([str(ROOT / "scripts/build-peer")], check=True, capture_output=True, text=True)
+    """Where scripts/peer/build put llama-server and llama-bench (built on first use)."""
+    out = subprocess.run([str(ROOT / "scripts/peer/build")], check=True, capture_output=True, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
 def start_peer(model, threads, ctx=4096, extra=()):
-    """llama.cpp's llama-server on `model` ($LLAMA_SERVER, else scripts/build-peer's):
+    """llama.cpp's llama-server on `model` ($LLAMA_SERVER, else scripts/peer/build's):
     (pid, target)."""
     port = free_port()
     binary = os.environ.get("LLAMA_SERVER") or str(peer_dir() / "llama-server")

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for scripts/schemathesis: keep generated generation requests short.
+"""Schemathesis hooks for scripts/test/schemathesis: keep generated generation requests short.
 
 The spec states what the server accepts (`max_tokens` up to 2^24, or absent: until the
 end of generation or a full context). A test run cannot afford that many tokens per
