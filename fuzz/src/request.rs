@@ -1,5 +1,7 @@
-//! A request body through the engine's parse and validation and through the gateway's
-//! bounds check (`Outline`), for the three request targets.
+//! The three request targets (`openai_request`, `anthropic_request`,
+//! `responses_request`): a body through the engine's parse and validation and through the
+//! gateway's bounds check (`Outline`). Input: a selector byte (the model's tool format;
+//! its high bit picks an API variant), then the body.
 //!
 //! Asserted: nothing panics, and the gateway never refuses a body the engine would
 //! accept (its check runs first, before any engine is chosen, and is meant to refuse a
@@ -16,7 +18,7 @@ use corral_protocol::bounds::Outline;
 
 /// ChatML that renders tools, tool calls and tool results itself (Qwen's shape), so the
 /// native tool path reaches a template too.
-pub const TOOLS_TEMPLATE: &str = concat!(
+const TOOLS_TEMPLATE: &str = concat!(
     "{%- if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools><|im_end|>\n",
     "{%- endif %}",
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}",
@@ -34,7 +36,7 @@ fn template() -> &'static ChatTemplate {
 }
 
 /// The tool-call format a selector byte picks: corral's fallback or a native one.
-pub fn tool_format(selector: u8) -> ToolFormat {
+pub(crate) fn tool_format(selector: u8) -> ToolFormat {
     let native = |syntax| ToolFormat { syntax, native: true, marker_token: None };
     match selector % 4 {
         0 => ToolFormat::fallback(),
@@ -44,8 +46,27 @@ pub fn tool_format(selector: u8) -> ToolFormat {
     }
 }
 
+/// OpenAI chat completions and completions bodies (`/v1/chat/completions`,
+/// `/v1/completions`); the selector byte's high bit picks completions.
+pub fn openai_request(data: &[u8]) {
+    let api = if data.first().is_some_and(|b| b & 0x80 != 0) { Api::Completion } else { Api::Chat };
+    run(api, ApiShape::OpenAi, data);
+}
+
+/// Anthropic Messages bodies (`/v1/messages`).
+pub fn anthropic_request(data: &[u8]) {
+    run(Api::Messages, ApiShape::Anthropic, data);
+}
+
+/// OpenAI Responses bodies (`/v1/responses`), with and without the gateway's history
+/// mark (selector bit 0x80).
+pub fn responses_request(data: &[u8]) {
+    let history_expanded = data.first().is_some_and(|b| b & 0x80 != 0);
+    run(Api::Responses { history_expanded }, ApiShape::Responses, data);
+}
+
 /// `data`: a selector byte (the model's tool format), then the body.
-pub fn run(api: Api, shape: ApiShape, data: &[u8]) {
+fn run(api: Api, shape: ApiShape, data: &[u8]) {
     let Some((&selector, body)) = data.split_first() else { return };
     let model = Model { tool_format: tool_format(selector), template: Some(template()) };
     if fuzzing::check(api, body, &model).is_err() {

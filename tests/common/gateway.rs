@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -27,8 +27,31 @@ pub fn fake_model(dir: &Path, name: &str, behaviour: Value) -> PathBuf {
     p
 }
 
+/// The fake engine (tests/fake-engine, package `corral-fake-engine`). It is another
+/// workspace member, so cargo gives these tests no `CARGO_BIN_EXE_` for it: it is found
+/// next to the `corral` binary, which cargo builds into the same directory for the same
+/// profile (`cargo test --workspace` builds both).
 pub fn fake_engine_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_corral-fake-engine")
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let corral = Path::new(super::bin());
+        let bin = corral.with_file_name("corral-fake-engine");
+        if !bin.is_file() {
+            // The profile's flag, from the directory cargo built into (target/<profile>/).
+            let profile = match corral.parent().and_then(Path::file_name).and_then(|d| d.to_str()) {
+                Some("debug") | None => String::new(),
+                Some("release") => " --release".into(),
+                Some(other) => format!(" --profile {other}"),
+            };
+            panic!(
+                "{} is missing: the gateway tests start the fake engine, the binary of the workspace \
+                 member corral-fake-engine; run them with `cargo test --workspace{profile}`, or build it \
+                 first with `cargo build -p corral-fake-engine{profile}`",
+                bin.display()
+            );
+        }
+        bin.display().to_string()
+    })
 }
 
 /// `corral serve` over fake-engine models (name, behaviour), plus `extra` flags.

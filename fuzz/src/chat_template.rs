@@ -8,11 +8,9 @@
 //! recursion limit bounds macros and includes, a 64 MiB cap bounds the rendered text
 //! (seed `wide-output`). Strings built up in variables are not bounded: docs/reliability.md,
 //! "Known limit".
-#![no_main]
 
 use corral_engine::chat::{ChatMessage, ChatTemplate};
 use corral_engine::config::Arch;
-use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 
 const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
@@ -33,7 +31,8 @@ fn messages(flags: u8, rest: &[u8]) -> Vec<ChatMessage> {
     out
 }
 
-fuzz_target!(|data: &[u8]| {
+/// The fuzz target `chat_template` (fuzz/targets/fuzz_targets/chat_template.rs): one input.
+pub fn chat_template(data: &[u8]) {
     let Some((&flags, rest)) = data.split_first() else { return };
     let (src, rest) = match rest.iter().position(|&b| b == 0xFF) {
         Some(at) => (&rest[..at], &rest[at + 1..]),
@@ -53,4 +52,4 @@ fuzz_target!(|data: &[u8]| {
         kwargs.insert("messages".into(), json!("kwargs never replace the conversation"));
     }
     let _ = t.render_with(&msgs, tools.as_ref(), flags & 0x40 != 0, &kwargs);
-});
+}

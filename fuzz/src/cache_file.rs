@@ -8,16 +8,15 @@
 //! - 2: the same edits, then the header and footer checksums recomputed (a writer bug,
 //!   or a file forged by someone who can write the cache directory). Whatever the header
 //!   then claims, restoring reads only inside the file: no panic, no out-of-bounds.
-#![no_main]
 
 use std::sync::OnceLock;
 
 use corral_engine::cache::file::{self, Identity};
 use corral_engine::kv::{KvShape, SeqCache};
-use corral_fuzz::scratch;
 use half::f16;
-use libfuzzer_sys::fuzz_target;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::scratch;
 
 const SHAPE: KvShape = KvShape { n_layers: 2, kv_dim: 4 };
 /// More than one KV block (32 positions), so restores cross a block boundary.
@@ -132,7 +131,8 @@ fn load(bytes: &[u8]) -> Option<(Vec<u32>, SeqCache)> {
     })
 }
 
-fuzz_target!(|data: &[u8]| {
+/// The fuzz target `cache_file` (fuzz/targets/fuzz_targets/cache_file.rs): one input.
+pub fn cache_file(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else { return };
     let v = valid();
     match mode % 3 {
@@ -152,4 +152,4 @@ fuzz_target!(|data: &[u8]| {
             load(&bytes);
         }
     }
-});
+}

@@ -6,12 +6,11 @@
 //! Asserted: no panic; fed in those chunks, each reader gives exactly what it gives
 //! for the whole text at once (the streamed and the whole response never disagree);
 //! without the grammar every call's arguments are a JSON object.
-#![no_main]
 
 use corral_engine::reasoning::{Part, ThinkSplit};
 use corral_engine::tools::stream::{ToolStream, collect, parse};
-use corral_fuzz::request::tool_format;
-use libfuzzer_sys::fuzz_target;
+
+use crate::request::tool_format;
 
 fn joined(parts: Vec<Part>) -> (String, String) {
     let mut out = (String::new(), String::new());
@@ -24,7 +23,8 @@ fn joined(parts: Vec<Part>) -> (String, String) {
     out
 }
 
-fuzz_target!(|data: &[u8]| {
+/// The fuzz target `tool_calls` (fuzz/targets/fuzz_targets/tool_calls.rs): one input.
+pub fn tool_calls(data: &[u8]) {
     let Some((&flags, rest)) = data.split_first() else { return };
     let chunks: Vec<String> = rest.split(|&b| b == 0xFF).map(|c| String::from_utf8_lossy(c).into_owned()).collect();
     let text = chunks.concat();
@@ -57,4 +57,4 @@ fuzz_target!(|data: &[u8]| {
     }
     parts.extend(s.finish());
     assert_eq!(joined(parts), joined(all), "streamed reasoning differs from the whole text's");
-});
+}

@@ -3,12 +3,10 @@
 //! `..`, no NUL, no leading `-`), within the length bound and charset it documents,
 //! and its socket name is a plain file name too. A refused id is refused for a reason
 //! that holds.
-#![no_main]
 
 use std::path::{Component, Path};
 
 use corral_protocol::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};
-use libfuzzer_sys::fuzz_target;
 
 /// `name` joined to a root is one level below it and nowhere else.
 fn stays_inside(name: &str) {
@@ -20,7 +18,8 @@ fn stays_inside(name: &str) {
     assert_eq!(joined.parent(), Some(root), "{name:?} leaves its root");
 }
 
-fuzz_target!(|data: &[u8]| {
+/// The fuzz target `model_id` (fuzz/targets/fuzz_targets/model_id.rs): one input.
+pub fn model_id(data: &[u8]) {
     let Ok(s) = std::str::from_utf8(data) else { return };
     match ModelId::new(s) {
         Ok(id) => {
@@ -44,4 +43,4 @@ fuzz_target!(|data: &[u8]| {
             assert!(s.starts_with('.') || s.starts_with('-') || s.contains(".."));
         }
     }
-});
+}

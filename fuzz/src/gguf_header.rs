@@ -9,15 +9,14 @@
 //! Asserted: no panic; memory stays within libFuzzer's limits (`-rss_limit_mb`, and
 //! `-malloc_limit_mb` for any single allocation), so a huge count or length in a
 //! header is refused, never allocated; every tensor range lies inside the file.
-#![no_main]
 
 use std::io::Cursor;
 
 use corral_engine::config::ModelConfig;
 use corral_engine::gguf::Gguf;
 use corral_engine::tokenizer::Tokenizer;
-use corral_fuzz::scratch;
-use libfuzzer_sys::fuzz_target;
+
+use crate::scratch;
 
 /// Tensors up to this many bytes are also dequantized.
 const SMALL_TENSOR: usize = 1 << 16;
@@ -44,11 +43,12 @@ fn engine(g: &Gguf) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
+/// The fuzz target `gguf_header` (fuzz/targets/fuzz_targets/gguf_header.rs): one input.
+pub fn gguf_header(data: &[u8]) {
     let _ = corral_pool::gguf_meta::parse(&mut Cursor::new(data));
     scratch::with_file(data, |path| {
         if let Ok(g) = Gguf::open(path) {
             engine(&g);
         }
     });
-});
+}
