@@ -5,7 +5,6 @@
 //! weight once per token, so bandwidth ÷ weight bytes bounds it).
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -51,33 +50,13 @@ pub fn fit(weight_bytes: u64, kv_bytes_per_token: u64, budget: u64, ctx_train: u
     }
 }
 
-/// Bytes per second that `threads` threads read from a buffer much larger than the
-/// caches (best of three passes).
-fn read_bandwidth(threads: usize) -> f64 {
-    const BYTES: usize = 512 << 20;
-    let words: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
-    let chunk = words.len().div_ceil(threads.max(1));
-    let mut best = 0.0f64;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        let sum: u64 = std::thread::scope(|s| {
-            let parts: Vec<_> =
-                words.chunks(chunk).map(|c| s.spawn(move || c.iter().fold(0u64, |a, &w| a.wrapping_add(w)))).collect();
-            parts.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
-        });
-        std::hint::black_box(sum);
-        best = best.max(BYTES as f64 / t0.elapsed().as_secs_f64());
-    }
-    best
-}
-
 pub fn run(args: FitArgs) -> Result<()> {
     let g = Gguf::open(&args.model).with_context(|| format!("reading {}", args.model.display()))?;
     let cfg = ModelConfig::from_gguf(&g)?;
     let shape = KvShape { n_layers: cfg.n_layers, kv_dim: cfg.kv_dim() };
     let budget = args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |gb| (gb * 1e9) as u64);
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let bandwidth = read_bandwidth(threads);
+    let bandwidth = corral_engine::threads::read_bandwidth(threads);
     let f = fit(g.file_len(), shape.bytes_per_token() as u64, budget, cfg.ctx_train as u64, bandwidth);
     if args.json {
         println!(
