@@ -21,6 +21,7 @@ pub mod kv;
 pub mod model;
 pub mod reasoning;
 pub mod sampler;
+pub mod scheduler;
 pub mod sequence;
 pub mod server;
 pub mod stop;

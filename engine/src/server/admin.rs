@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::app::App;
 use super::body::Body;
 use super::respond::{error_response, json_response};
-use super::stats::Shown;
+use crate::scheduler::stats::Shown;
 
 /// After a drain deadline cuts requests, how long they get to notice.
 const CUT_GRACE: Duration = Duration::from_secs(5);

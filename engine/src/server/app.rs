@@ -8,9 +8,10 @@ use std::time::Duration;
 use corral_net::gauge::Gauge;
 
 use super::requests::EffectiveDefaults;
-use super::stats::Stats;
-use super::worker::Worker;
 use crate::Engine;
+use crate::scheduler::admission::KvBudget;
+use crate::scheduler::stats::Stats;
+use crate::scheduler::worker::Worker;
 
 pub struct App {
     pub engine: Arc<Engine>,
@@ -22,7 +23,7 @@ pub struct App {
     pub max_queue: usize,
     pub batch: usize,
     /// What the running rows' KV may add up to (`admission`).
-    pub kv_budget: super::admission::KvBudget,
+    pub kv_budget: KvBudget,
     /// `--memory-budget` in bytes (reported; the KV budget is derived from it).
     pub memory_budget: u64,
     pub max_body_bytes: usize,

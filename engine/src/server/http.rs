@@ -1,6 +1,6 @@
 //! Routing and handlers of the engine's HTTP API. Every error response, before or
 //! after a stream starts, is rendered by `protocol`'s error rendering (through
-//! `corral_net::respond` and `responses::sse_error`). Parsing, template rendering and
+//! `corral_net::respond` and `ApiError::sse_event`). Parsing, template rendering and
 //! tokenization run on the blocking pool, never on the I/O thread, so a huge prompt does
 //! not delay `/health` or `/admin/drain`.
 
@@ -17,18 +17,19 @@ use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
+use super::admin;
 use super::anthropic::{self, AnthropicRender};
 use super::app::App;
 use super::body::Body;
 use super::input;
+use super::openai_chat::{Meta, OpenAiRender, Route};
 use super::requests::{self, Validated};
 use super::respond::{error_response, error_response_in, json_response};
-use super::responses::{Meta, OpenAiRender, Route};
 use super::responses_api::{self, ResponsesRender};
 use super::stream;
-use super::worker::Job;
-use super::{admin, admission};
 use crate::chat::TemplateSource;
+use crate::scheduler::admission;
+use crate::scheduler::worker::{Event, Job};
 
 /// The engine's operations, parsed once per request.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -220,13 +221,13 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
     let prompt_tokens = prompt.len();
     let admitted = match admission::admit(prompt_tokens, params.max_tokens, app.ctx, &app.kv_budget) {
         Ok(a) => a,
-        Err(e) => return failed(&app, &e),
+        Err(e) => return failed(&app, &ApiError::from(&e)),
     };
     params.max_tokens = admitted.max_tokens;
     warnings.extend(admitted.warning);
     let (events, rx) = mpsc::unbounded_channel();
     if let Err(e) = app.worker.submit(Job { prompt, params, events, kv_bytes: admitted.kv_bytes, arrived }) {
-        return failed(&app, &e);
+        return failed(&app, &ApiError::from(&e));
     }
     let mut r = match parsed {
         Parsed::OpenAi(route) => {
@@ -251,7 +252,7 @@ async fn generate(app: Arc<App>, req: Request<Incoming>, api: Api) -> Response<B
 async fn respond(
     render: impl stream::Render,
     streamed: bool,
-    rx: mpsc::UnboundedReceiver<super::worker::Event>,
+    rx: mpsc::UnboundedReceiver<Event>,
     reading: super::answer::Reading,
     work: corral_net::gauge::Guard,
 ) -> Response<Body> {

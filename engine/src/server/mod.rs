@@ -4,12 +4,11 @@
 //! surface for its model (see `docs/api.md`), plus unix-socket-only admin routes. One
 //! task per connection on a small tokio runtime (the accept loop is `corral-net`'s,
 //! shared with the gateway); request parsing and tokenization on the blocking pool;
-//! generation on its own thread (`worker`). Lifecycle: SIGTERM/SIGINT drain (finish
+//! generation on the scheduler's own thread (`crate::scheduler`). Lifecycle: SIGTERM/SIGINT drain (finish
 //! in-flight work up to a deadline, demote the prompt cache) and exit 0; stdin EOF (the
 //! parent is gone) cuts work and exits at once; a second signal exits at once.
 
 mod admin;
-pub mod admission;
 mod answer;
 mod anthropic;
 mod app;
@@ -20,16 +19,13 @@ mod errors;
 pub mod fuzzing;
 mod http;
 mod input;
-mod pacing;
+mod openai_chat;
 mod requests;
 mod respond;
-mod responses;
 mod responses_api;
 pub mod socket;
-mod stats;
 mod stream;
 mod structured;
-mod worker;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -48,6 +44,7 @@ use tokio::sync::oneshot;
 pub use requests::{ModelSamplingDefaults, ServerDefaults};
 
 use crate::Engine;
+use crate::scheduler::{admission, stats, worker};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {

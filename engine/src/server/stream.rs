@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 use super::answer::{Answer, AnswerPiece, Reading};
 use super::body::Body;
 use super::respond::{error_response_in, json_response};
-use super::worker::Event;
 use crate::generate::{FinishReason, Outcome, TokenOut};
+use crate::scheduler::worker::Event;
 
 /// How one API writes an answer.
 pub trait Render: Send + 'static {
@@ -62,7 +62,7 @@ pub async fn whole(
                 let answer = reading.read(&text);
                 return json_response(render.whole(&text, answer, &o, &lp));
             }
-            Event::Failed(e) => return error_response_in(&e, shape),
+            Event::Failed(e) => return error_response_in(&ApiError::from(&e), shape),
         }
     }
     error_response_in(&gone(), shape)
@@ -115,7 +115,7 @@ pub fn streaming(
                     return;
                 }
                 Some(Event::Failed(e)) => {
-                    let _ = tx.send(Bytes::from(e.sse_event(shape))).await;
+                    let _ = tx.send(Bytes::from(ApiError::from(&e).sse_event(shape))).await;
                     return;
                 }
                 None => {

@@ -3,15 +3,14 @@
 //! default the memory budget less the model file). Pure decisions, tested with plain
 //! values; the generation thread holds the running total.
 //!
-//! - a prompt whose KV cannot fit the budget even alone → 400 `context_over_budget`
-//!   with the numbers;
+//! - a prompt whose KV cannot fit the budget even alone is refused
+//!   (`SchedulerError::OverBudget`, with the numbers);
 //! - `max_tokens` (or the context's room, when unset) beyond what fits is capped, and
 //!   the cap is reported (a `Warning` header);
 //! - a request that fits alone but not beside the running rows waits in the queue
 //!   until rows leave (`fits_now`).
 
-use corral_protocol::{ApiError, ErrorKind};
-
+use super::SchedulerError;
 use crate::kv::BLOCK_TOKENS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,19 +47,16 @@ pub struct Admitted {
 
 /// Decide for a prompt of `prompt` tokens asking for `max_tokens` more, within a
 /// context of `ctx` positions.
-pub fn admit(prompt: usize, max_tokens: usize, ctx: usize, budget: &KvBudget) -> Result<Admitted, ApiError> {
+pub fn admit(prompt: usize, max_tokens: usize, ctx: usize, budget: &KvBudget) -> Result<Admitted, SchedulerError> {
     let fit = budget.max_tokens();
     if prompt + 1 > fit {
-        return Err(ApiError::new(
-            ErrorKind::ContextOverBudget,
-            format!(
-                "the prompt needs {} bytes of KV cache ({prompt} tokens + 1 to generate, {} bytes a token), \
-                 more than the KV budget of {} bytes (room for {fit} tokens); raise --kv-budget or shorten the prompt",
-                budget.reserve(prompt + 1),
-                budget.per_token,
-                budget.bytes
-            ),
-        ));
+        return Err(SchedulerError::OverBudget {
+            prompt,
+            need: budget.reserve(prompt + 1),
+            per_token: budget.per_token,
+            budget: budget.bytes,
+            fit,
+        });
     }
     let wanted = max_tokens.min(ctx.saturating_sub(prompt));
     let room = fit - prompt;
@@ -98,8 +94,9 @@ mod tests {
     #[test]
     fn a_prompt_that_cannot_fit_alone_is_refused_with_the_numbers() {
         let e = admit(96, 10, 4096, &b(10_000)).unwrap_err();
-        assert_eq!((e.kind, e.status()), (ErrorKind::ContextOverBudget, 400));
-        assert!(e.message.contains("10000 bytes") && e.message.contains("room for 96 tokens"), "{}", e.message);
+        assert!(matches!(e, SchedulerError::OverBudget { .. }), "{e:?}");
+        let message = e.to_string();
+        assert!(message.contains("10000 bytes") && message.contains("room for 96 tokens"), "{message}");
         assert!(admit(95, 1, 4096, &b(10_000)).is_ok());
     }
 

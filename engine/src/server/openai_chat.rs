@@ -1,5 +1,7 @@
-//! OpenAI response objects built from generation events: the JSON bodies of
-//! non-streaming requests and the SSE chunks of streaming ones (`OpenAiRender`).
+//! OpenAI chat completions and completions (`POST /v1/chat/completions`,
+//! `/v1/completions`) built from generation events: the JSON bodies of non-streaming
+//! requests and the SSE chunks of streaming ones (`OpenAiRender`). The Responses API is
+//! `responses_api.rs`, Anthropic Messages `anthropic.rs`.
 
 use std::collections::HashMap;
 

@@ -1,7 +1,7 @@
 //! Engine counters for `GET /admin/stats`. Hot counters are atomics (the generation
 //! thread bumps them per token, so a client can watch a cancelled request stop); the
 //! per-request timings sit behind a mutex touched once per request. Counters only:
-//! admission and drain use `App::draining` and `App::work`, never these.
+//! admission and the server's drain decide on other state, never on these.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

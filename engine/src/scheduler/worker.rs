@@ -1,5 +1,5 @@
 //! The generation thread: one dedicated OS thread runs up to `--batch` requests at once
-//! from a bounded queue (over capacity is a 429 at submit time), one forward pass per
+//! from a bounded queue (over capacity is refused at submit time), one forward pass per
 //! step for every running row (`Model::forward_batch`), streaming events back to each
 //! request's handler. Newcomers join at the next step with their prompt-cache hit;
 //! finished, failed and cancelled rows leave without stalling the rest. A handler that
@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use corral_protocol::{ApiError, ErrorKind};
 use tokio::sync::mpsc;
 
+use super::SchedulerError;
 use super::admission::{self, KvBudget};
 use super::pacing::{ESTABLISHED_TOKENS, Pacer};
 use super::stats::Stats;
@@ -29,7 +29,7 @@ pub enum Event {
     /// Text released at the end that belongs to no token.
     Flush(String),
     Done(Outcome),
-    Failed(ApiError),
+    Failed(SchedulerError),
 }
 
 pub struct Job {
@@ -79,19 +79,15 @@ impl Worker {
     }
 
     /// Queue a job, or refuse it at once when the queue is full.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+    pub fn submit(&self, job: Job) -> Result<(), SchedulerError> {
         self.stats.queue_depth.fetch_add(1, Ordering::Relaxed);
         // Background cache writes yield from the moment a request is queued.
         self.cache.set_busy(true);
         self.queue.try_send(job).map_err(|e| {
             self.stats.queue_depth.fetch_sub(1, Ordering::Relaxed);
             match e {
-                mpsc::error::TrySendError::Full(_) => {
-                    ApiError::new(ErrorKind::QueueFull, "the request queue is full; retry later")
-                }
-                mpsc::error::TrySendError::Closed(_) => {
-                    ApiError::new(ErrorKind::Internal, "the generation thread stopped")
-                }
+                mpsc::error::TrySendError::Full(_) => SchedulerError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => SchedulerError::Stopped,
             }
         })
     }
@@ -128,7 +124,7 @@ struct Active {
     kv_bytes: u64,
     prompt: Vec<u32>,
     events: mpsc::UnboundedSender<Event>,
-    failed: Option<ApiError>,
+    failed: Option<SchedulerError>,
     arrived: Instant,
     first_token: Option<Instant>,
 }
@@ -199,7 +195,7 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
     cx.stats.queue_depth.fetch_sub(1, Ordering::SeqCst);
     if job.events.is_closed() || cx.cancel_all.load(Ordering::Relaxed) {
         cx.stats.requests_cancelled.fetch_add(1, Ordering::Relaxed);
-        let _ = job.events.send(Event::Failed(ApiError::new(ErrorKind::EngineDraining, "request cancelled")));
+        let _ = job.events.send(Event::Failed(SchedulerError::Cancelled));
         return None;
     }
     let (cache, source) = if job.prompt.len() < cx.ctx {
@@ -224,7 +220,7 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
         }
         Err(e) => {
             cx.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-            let _ = job.events.send(Event::Failed(ApiError::from(&e)));
+            let _ = job.events.send(Event::Failed(e.into()));
             None
         }
     }
@@ -280,14 +276,15 @@ fn step(cx: &Ctx<'_>, pacer: &mut Pacer, active: &mut [Active]) {
                 };
                 if let Err(e) = a.seq.advance(l, &cx.engine.tokenizer, &mut sink) {
                     tracing::error!(error = %e, "generation failed");
-                    a.failed = Some(ApiError::from(&e));
+                    a.failed = Some(e.into());
                 }
             }
         }
         Err(e) => {
             tracing::error!(error = %e, "batched forward failed");
+            let e = SchedulerError::from(e);
             for a in running {
-                a.failed = Some(ApiError::from(&e));
+                a.failed = Some(e.clone());
             }
         }
     }
