@@ -1,21 +1,30 @@
 //! The CUDA C kernel sources, compiled at run time by NVRTC. Each program is the shared
-//! prelude (`kernels/common.cuh`) followed by its own file; NVRTC gets no include path.
+//! prelude (`kernels/common.cuh`) followed by its own files; NVRTC gets no include path.
 
-/// A kernel program: its name and its source file's text.
+/// A kernel program: its name and its source files' text, in order (a later file may use
+/// what an earlier one defines). A concept too big for one file is two files of one
+/// program, so its launches name one program.
 pub struct Program {
     pub name: &'static str,
-    body: &'static str,
+    files: &'static [(&'static str, &'static str)],
 }
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 
-pub const QUANTIZE: Program = Program { name: "quantize", body: include_str!("kernels/quantize.cu") };
-pub const GEMV: Program = Program { name: "gemv", body: include_str!("kernels/gemv.cu") };
-pub const MMQ: Program = Program { name: "mmq", body: include_str!("kernels/mmq.cu") };
-pub const OPS: Program = Program { name: "ops", body: include_str!("kernels/ops.cu") };
-pub const EMBED: Program = Program { name: "embed", body: include_str!("kernels/embed.cu") };
-pub const ATTENTION: Program = Program { name: "attention", body: include_str!("kernels/attention.cu") };
-pub const PREFILL: Program = Program { name: "prefill", body: include_str!("kernels/prefill.cu") };
+pub const QUANTIZE: Program =
+    Program { name: "quantize", files: &[("quantize.cu", include_str!("kernels/quantize.cu"))] };
+pub const GEMV: Program = Program {
+    name: "gemv",
+    files: &[("gemv.cu", include_str!("kernels/gemv.cu")), ("gemv1.cu", include_str!("kernels/gemv1.cu"))],
+};
+pub const MMQ: Program = Program { name: "mmq", files: &[("mmq.cu", include_str!("kernels/mmq.cu"))] };
+pub const OPS: Program = Program { name: "ops", files: &[("ops.cu", include_str!("kernels/ops.cu"))] };
+pub const EMBED: Program = Program { name: "embed", files: &[("embed.cu", include_str!("kernels/embed.cu"))] };
+pub const ATTENTION: Program = Program {
+    name: "attention",
+    files: &[("kv.cu", include_str!("kernels/kv.cu")), ("attention.cu", include_str!("kernels/attention.cu"))],
+};
+pub const PREFILL: Program = Program { name: "prefill", files: &[("prefill.cu", include_str!("kernels/prefill.cu"))] };
 
 /// Every program, in load order.
 pub const ALL: [&Program; 7] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION, &PREFILL];
@@ -23,6 +32,10 @@ pub const ALL: [&Program; 7] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION
 impl Program {
     /// The full text handed to NVRTC.
     pub fn source(&self) -> String {
-        format!("{COMMON}\n#line 1 \"{}.cu\"\n{}", self.name, self.body)
+        let mut source = COMMON.to_owned();
+        for (file, text) in self.files {
+            source.push_str(&format!("\n#line 1 \"{file}\"\n{text}"));
+        }
+        source
     }
 }
