@@ -1,11 +1,10 @@
 //! The CPU backend: activations are `Vec<f32>`, ops are `crate::kernels`.
 
+use super::batch::{Row, Spans, split};
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::ops::{self, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
-use crate::model::Row;
-use crate::model::batch::{Spans, split};
 
 use super::Backend;
 

@@ -7,6 +7,7 @@
 //! requested logits come out. The CPU backend calls exactly the kernels the model called
 //! before this seam existed, so CPU numerics (and the llama.cpp parity) are unchanged.
 
+pub mod batch;
 pub mod cpu;
 pub mod cuda;
 mod device;
@@ -17,7 +18,7 @@ use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
 use crate::kernels::ops::RopeStyle;
-use crate::model::Row;
+use batch::Row;
 
 /// The gated activation of an MLP: `gate(g) * u`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 //! queries scaled by 1/sqrt(head_dim). GGUF norm weights already include Gemma's +1.
 //! Written once over `Backend` ops; runs on the CPU or a GPU.
 
+use crate::backend::batch::Row;
 use crate::backend::{Backend, Gate};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -11,7 +12,6 @@ use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
 use crate::kernels::ops::RopeStyle;
 use crate::model::Architecture;
-use crate::model::batch::Row;
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,

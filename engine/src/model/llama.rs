@@ -2,6 +2,7 @@
 //! pre-norm blocks, RMSNorm, rotary embedding on interleaved pairs, SwiGLU MLP.
 //! Written once over `Backend` ops; runs on the CPU or a GPU.
 
+use crate::backend::batch::Row;
 use crate::backend::{Backend, Gate, Rotary};
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -9,7 +10,6 @@ use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
 use crate::kernels::ops::RopeStyle;
 use crate::model::Architecture;
-use crate::model::batch::Row;
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,

@@ -1,9 +1,8 @@
 //! Model architectures: one file per architecture, each a forward pass over a batch of
-//! sequences (`batch::Row`: token ids and the external `SeqCache` they read and append
-//! to), written once over `crate::backend::Backend` ops. A single sequence is a batch
+//! sequences (`backend::batch::Row`: token ids and the external `SeqCache` they read and
+//! append to), written once over `crate::backend::Backend` ops. A single sequence is a batch
 //! of one.
 
-pub mod batch;
 mod gemma3;
 mod llama;
 
@@ -18,18 +17,9 @@ use crate::gguf::Gguf;
 use crate::kernels::Numerics;
 use crate::kv::{KvShape, SeqCache};
 
-pub use batch::Row;
-
-/// Which rows of logits a forward pass should produce.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// None (a prefill chunk that is not the last).
-    None,
-    /// Only the last position's (`[vocab]`).
-    Last,
-    /// Every position's (`[T][vocab]`, for scoring/teacher forcing).
-    All,
-}
+/// A forward pass's input rows and what each returns: the backend's batch, named here
+/// too because `Model::forward_batch` takes them.
+pub use crate::backend::batch::{Logits, Row};
 
 pub trait Architecture: Send + Sync {
     /// Run each row's tokens at positions `cache.len()..` of its own cache, append their

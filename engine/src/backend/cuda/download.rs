@@ -9,9 +9,8 @@ use half::f16;
 
 use super::device::{Gpu, drv};
 use super::kv::KvPlan;
+use crate::backend::batch::{Row, Spans};
 use crate::error::{Error, Result};
-use crate::model::Row;
-use crate::model::batch::Spans;
 
 /// Page-locked buffers for the copies back, grown to the largest pass seen.
 #[derive(Default)]

@@ -21,13 +21,12 @@ use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
 use super::ops::{ActFormat, DeviceAct, RopeSpec};
 use super::weights::{DeviceWeights, MatrixBytes};
+use crate::backend::batch::{Row, Spans, split};
 use crate::backend::{Backend, DeviceKind, Gate, Rotary};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
 use crate::kernels::ops::RopeStyle;
-use crate::model::Row;
-use crate::model::batch::{Spans, split};
 
 /// A GPU, shared by every model loaded on it; and one model's captured decode steps
 /// (each model loads its own `CudaBackend`).

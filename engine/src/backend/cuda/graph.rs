@@ -21,9 +21,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use super::device::{Gpu, drv};
 use super::kv::KvPlan;
+use crate::backend::batch::{Logits, Row, Spans, split};
 use crate::error::Result;
-use crate::model::batch::{Spans, split};
-use crate::model::{Logits, Row};
 
 /// Most rows a captured step takes (one graph per row count, two once rows pass
 /// `attention::SPLIT_MIN` positions).

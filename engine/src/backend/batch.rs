@@ -1,7 +1,8 @@
 //! A batch: several sequences in one forward pass. Their tokens are stacked into one
 //! activation matrix, so every weight matrix is read once for all of them; what is per
 //! sequence — positions (rotary), K/V writes and attention over its own cache, which
-//! rows produce logits — goes row by row. The batch is the unit a backend executes.
+//! rows produce logits — goes row by row. The batch is the unit a backend executes; the
+//! architectures (`crate::model`) pass it through and never look inside.
 //!
 //! Output never depends on the company a row keeps: with the default batch-invariant
 //! numerics every matmul row takes the one-row arithmetic, and attention reads only the
@@ -10,7 +11,17 @@
 use crate::kernels::ops::RopeTable;
 use crate::kernels::{AttnSpec, attention_batch};
 use crate::kv::SeqCache;
-use crate::model::Logits;
+
+/// Which rows of logits a forward pass should produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prefill chunk that is not the last).
+    None,
+    /// Only the last position's (`[vocab]`).
+    Last,
+    /// Every position's (`[T][vocab]`, for scoring/teacher forcing).
+    All,
+}
 
 /// One sequence's share of a forward pass: `tokens` run at positions `cache.len()..`.
 pub struct Row<'a> {
