@@ -21,8 +21,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::monitor::EngineEntry;
-use crate::stats::RequestCounts;
+use crate::stats::{EngineEntry, RequestCounts};
 
 /// The `Content-Type` of the text format.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;

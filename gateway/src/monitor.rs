@@ -18,20 +18,12 @@ use crate::app::App;
 use crate::body::Body;
 use crate::metrics::{self, PoolFigures, ReplicaFigures, Scrape, UpstreamFigures};
 use crate::respond;
+pub use crate::stats::EngineEntry;
 use crate::stats::GatewayView;
 use crate::upstream::view::{self, UpstreamView};
 use crate::upstream::{Upstream, card};
 use corral_pool::PoolSnapshot;
 use corral_protocol::openai::ModelList;
-
-/// One engine in `/stats`. Read back (by `corral stats`) stale first: every field of
-/// `EngineStats` has a default, so any object would read as a live one.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum EngineEntry {
-    Stale { stale: bool, error: String },
-    Live(Box<EngineStats>),
-}
 
 /// `GET /stats`.
 #[derive(Debug, Serialize, Deserialize)]

@@ -4,7 +4,8 @@
 //! the same time stop every engine (each drains — finishing its requests up to
 //! `--drain-timeout` and writing its prompt cache to the SSD tier — then exits) and wait
 //! for the proxied requests in flight to deliver their last byte (the gauge), then let
-//! the client connections close. A second signal kills the engines and exits at once.
+//! the client connections close. A second signal kills the engines (`Pool::kill_all`:
+//! SIGKILL through the one stop path, drains in progress included) and exits.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +68,7 @@ pub async fn run(cfg: GatewayConfig, pool: Pool) -> std::io::Result<i32> {
     tasks.spawn(serve(listener, server, move |req| routes::handle(handler_app.clone(), req)));
     Ok(match stops.recv().await {
         Some(Stop::Fast) => {
-            app.pool.kill_all();
+            app.pool.kill_all().await;
             130
         }
         Some(Stop::Graceful) | None => shutdown(&app, &mut stops, tasks).await,
@@ -96,7 +97,7 @@ async fn shutdown(app: &Arc<App>, stops: &mut mpsc::UnboundedReceiver<Stop>, tas
         }
         _ = stops.recv() => {
             tracing::warn!("second signal: killing engines");
-            app.pool.kill_all();
+            app.pool.kill_all().await;
             130
         }
     }

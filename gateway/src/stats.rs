@@ -10,10 +10,20 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use corral_protocol::engine_wire::EngineStats;
 use serde::{Deserialize, Serialize};
 
 /// Responses by (route label, status code).
 pub type RequestCounts = BTreeMap<(&'static str, u16), u64>;
+
+/// One engine in `/stats`. Read back (by `corral stats`) stale first: every field of
+/// `EngineStats` has a default, so any object would read as a live one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EngineEntry {
+    Stale { stale: bool, error: String },
+    Live(Box<EngineStats>),
+}
 
 pub struct GatewayStats {
     started: Instant,
@@ -54,7 +64,7 @@ impl GatewayStats {
         self.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn view(&self, pool: &corral_pool::pool::Counters, in_flight: usize) -> GatewayView {
+    pub fn view(&self, pool: &corral_pool::counters::Counters, in_flight: usize) -> GatewayView {
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (requests_total, requests_by_route, responses_by_status) = sums(&self.requests());
         GatewayView {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use corral_protocol::ModelId;
 
 use crate::child;
+use crate::event::Event;
 use crate::pool::{Shared, now};
 
 /// One request's claim on a ready engine; dropping it gives the claim back.
@@ -41,7 +42,7 @@ impl Lease {
             let mut g = self.shared.lock();
             let Some(m) = g.models.get_mut(&self.model) else { return };
             m.last_used_at = Some(child::unix_secs());
-            m.slot.release(now(), self.generation)
+            m.apply(&self.model, Event::Released { generation: self.generation }, now())
         };
         self.shared.perform(&self.model, fx);
     }

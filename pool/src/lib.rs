@@ -3,10 +3,12 @@
 //! backoff, LRU eviction under a count cap and a memory budget. It never links model
 //! code: an engine is a process reached over HTTP on a unix socket.
 //!
-//! Layout: `slot.rs` is each engine's state machine as data (pure, tested row by row);
-//! `pool.rs` drives it (locks, performs effects, leases; `lease.rs`, `tasks.rs` for
-//! the engine watcher and keep-alive timer, `manage.rs` for loads and unloads a person
-//! asks for, `reload.rs` for a new model list); `settings.rs` holds per-model
+//! Layout: `slot.rs` is each engine's state machine as data (pure, tested row by row;
+//! its events and effects in `event.rs`, its states, allowed transitions and the one
+//! drawing of the diagram in `state.rs`); `pool.rs` drives it (locks, performs effects,
+//! leases; `lease.rs`, `tasks.rs` for the engine watcher and keep-alive timer,
+//! `manage.rs` for loads and unloads a person asks for, `reload.rs` for a new model
+//! list, `counters.rs` for what `/stats` reads); `settings.rs` holds per-model
 //! overrides; `stop.rs` is the one stop path;
 //! `procs.rs` is the door to processes and sockets (`spawn.rs`, `child.rs`,
 //! `unix_http.rs` behind it; `stderr_limit.rs` bounds what an engine's stderr costs); `policy.rs` holds the decisions across models (LRU
@@ -14,7 +16,9 @@
 
 pub mod card;
 pub mod child;
+pub mod counters;
 pub mod error;
+pub mod event;
 pub mod gguf_meta;
 pub mod lease;
 mod manage;

@@ -11,8 +11,8 @@
 use corral_protocol::ModelId;
 
 use crate::error::LeaseError;
+use crate::event::{Event, StopHow, StopReason};
 use crate::pool::Pool;
-use crate::slot::{Event, StopHow, StopReason};
 use crate::state::EngineState;
 use crate::stop::StopPolicy;
 

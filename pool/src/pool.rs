@@ -17,27 +17,26 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use corral_protocol::ModelId;
-use corral_protocol::histogram::Histogram;
 use corral_protocol::launch::{EngineLaunch, EngineOptions};
 use corral_protocol::openai::ModelCard;
-use nix::sys::signal::Signal;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::child::{self, ExitInfo, Tail};
+use crate::counters::Counters;
 use crate::error::LeaseError;
+use crate::event::{Effect, Event, StopHow, StopReason};
 pub use crate::lease::Lease;
 use crate::policy::{self, Limits, Resident};
 use crate::procs::{ExitWatch, Procs, RealProcs};
 use crate::registry::ModelEntry;
 use crate::settings::ModelSettings;
-use crate::slot::{Admit, Counter, Effect, Event, Slot, StopHow, StopReason};
+use crate::slot::{Admit, Slot};
 use crate::state::EngineState;
 use crate::stop::{StopPolicy, stop_engine};
 use crate::tasks;
@@ -67,42 +66,6 @@ pub struct PoolConfig {
     pub stop_timeout: Duration,
     /// Stop engines idle this long (`None`: keep them).
     pub keep_alive: Option<Duration>,
-}
-
-/// Bucket bounds of a model switch, seconds (a small model on a GPU loads in a fraction
-/// of a second; a large one from a cold disk in minutes).
-pub const SWITCH_BOUNDS: [f64; 10] = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
-
-pub struct Counters {
-    pub spawns: AtomicU64,
-    pub respawns: AtomicU64,
-    pub evictions: AtomicU64,
-    pub crashes: AtomicU64,
-    pub switches: AtomicU64,
-    pub last_switch_ms: AtomicU64,
-    /// Every switch's duration: from the request that caused it to the new engine ready.
-    pub switch_seconds: Mutex<Histogram>,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Self {
-            spawns: AtomicU64::new(0),
-            respawns: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            crashes: AtomicU64::new(0),
-            switches: AtomicU64::new(0),
-            last_switch_ms: AtomicU64::new(0),
-            switch_seconds: Mutex::new(Histogram::new(&SWITCH_BOUNDS)),
-        }
-    }
-}
-
-impl Counters {
-    /// The switch durations so far.
-    pub fn switch_seconds(&self) -> Histogram {
-        self.switch_seconds.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
 }
 
 /// One model: its machine plus what the driver and the views keep beside it.
@@ -142,7 +105,7 @@ impl Model {
         }
     }
 
-    fn apply(&mut self, id: &ModelId, ev: Event, now: Instant) -> Vec<Effect> {
+    pub(crate) fn apply(&mut self, id: &ModelId, ev: Event, now: Instant) -> Vec<Effect> {
         let from = self.slot.state();
         let fx = self.slot.on(ev, now);
         let to = self.slot.state();
@@ -329,10 +292,11 @@ impl Pool {
                         vec![]
                     }
                     Admit::Grant { proc, generation } => {
-                        m.slot.lease(t);
+                        let fx = m.apply(&id, Event::Leased { generation }, t);
                         m.last_used_at = Some(child::unix_secs());
-                        let (socket, pid) = (proc.socket, proc.pid);
-                        return Ok(Lease::new(shared.clone(), id, socket, pid, generation));
+                        drop(g);
+                        shared.perform(&id, fx);
+                        return Ok(Lease::new(shared.clone(), id, proc.socket, proc.pid, generation));
                     }
                     Admit::Refuse(e) => return Err(e),
                     Admit::Wait { until: u, starting } => {
@@ -366,24 +330,11 @@ impl Pool {
     /// at its deadline). Returns when every engine process is gone.
     pub async fn shutdown(&self) {
         let shared = &self.shared;
-        let all: Vec<(ModelId, Vec<Effect>)> = {
-            let mut g = shared.lock();
-            g.shutting_down = true;
-            let t = now();
-            let stop = || Event::Stop { why: StopReason::Shutdown, pid: None };
-            g.models.iter_mut().map(|(id, m)| (id.clone(), m.apply(id, stop(), t))).collect()
-        };
-        shared.changed.notify_waiters();
-        for (id, fx) in all {
-            shared.perform(&id, fx);
-        }
-        shared.stop.cancel();
-        shared.tasks.close();
+        shared.stop_all(StopReason::Shutdown);
         let bound = StopPolicy::new(StopHow::Graceful, shared.cfg.drain_timeout, shared.cfg.stop_timeout).bound();
         if tokio::time::timeout(bound + Duration::from_secs(1), shared.tasks.wait()).await.is_err() {
             tracing::error!("engines still running after the stop deadline; killing them");
-            self.kill_all();
-            let _ = tokio::time::timeout(crate::stop::KILL_GRACE, shared.tasks.wait()).await;
+            self.kill_all().await;
         }
     }
 
@@ -394,21 +345,37 @@ impl Pool {
         self.shared.step(model, Event::Stop { why: StopReason::Hung, pid: Some(pid) });
     }
 
-    /// SIGKILL every engine group at once (second signal, or past the stop deadline).
-    pub fn kill_all(&self) {
-        let g = self.shared.lock();
-        for m in g.models.values() {
-            if let Some(p) = m.slot.proc() {
-                self.shared.procs.signal(p.pid, Signal::SIGKILL);
-                let _ = std::fs::remove_file(&p.socket);
-            }
-        }
+    /// SIGKILL every engine group at once (second signal, or past the stop deadline),
+    /// even those draining, and return once their exits are reaped (bounded): each
+    /// slot decides what it has to kill (`StopReason::Kill`) and the stop path does it.
+    pub async fn kill_all(&self) {
+        let shared = &self.shared;
+        shared.stop_all(StopReason::Kill);
+        let _ = tokio::time::timeout(crate::stop::KILL_GRACE, shared.tasks.wait()).await;
     }
 }
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Refuse leases from now on and feed every slot the same stop; the tracker is
+    /// closed, so `tasks.wait()` ends once every engine task has.
+    fn stop_all(self: &Arc<Self>, why: StopReason) {
+        let all: Vec<(ModelId, Vec<Effect>)> = {
+            let mut g = self.lock();
+            g.shutting_down = true;
+            let t = now();
+            let stop = || Event::Stop { why, pid: None };
+            g.models.iter_mut().map(|(id, m)| (id.clone(), m.apply(id, stop(), t))).collect()
+        };
+        self.changed.notify_waiters();
+        for (id, fx) in all {
+            self.perform(&id, fx);
+        }
+        self.stop.cancel();
+        self.tasks.close();
     }
 
     /// Feed one model's slot an event and perform what it asks for.
@@ -462,20 +429,8 @@ impl Shared {
                     let _ = std::fs::remove_file(path);
                 }
                 Effect::Wake => self.changed.notify_waiters(),
-                Effect::Count(c) => {
-                    let counter = match c {
-                        Counter::Spawn => &self.counters.spawns,
-                        Counter::Respawn => &self.counters.respawns,
-                        Counter::Eviction => &self.counters.evictions,
-                        Counter::Crash => &self.counters.crashes,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-                Effect::Switched(d) => {
-                    self.counters.switches.fetch_add(1, Ordering::Relaxed);
-                    self.counters.last_switch_ms.store(d.as_millis() as u64, Ordering::Relaxed);
-                    self.counters.switch_seconds.lock().unwrap_or_else(|e| e.into_inner()).observe(d.as_secs_f64());
-                }
+                Effect::Count(c) => self.counters.count(c),
+                Effect::Switched(d) => self.counters.switched(d),
                 Effect::Evict { keep_self } => self.evict_over_limits(keep_self.then_some(id)),
             }
         }
@@ -513,8 +468,8 @@ fn residents(g: &Inner) -> impl Iterator<Item = Resident<ModelId>> + '_ {
         |(k, m)| Resident {
             key: k.clone(),
             starting: m.slot.state() == EngineState::Starting,
-            in_flight: m.slot.in_flight,
-            last_used: m.slot.last_used,
+            in_flight: m.slot.in_flight(),
+            last_used: m.slot.last_used(),
             bytes: m.bytes(),
             pinned: m.settings.pin,
         },

@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 use corral_protocol::ModelId;
 use corral_protocol::launch::EngineOptions;
 
+use crate::event::{Event, StopReason};
 use crate::pool::{Model, Pool, now};
 use crate::registry::ModelEntry;
 use crate::settings::ModelSettings;
-use crate::slot::{Event, StopReason};
 
 /// What a reload changed, for the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

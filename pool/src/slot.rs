@@ -5,32 +5,15 @@
 //! no clock: every rule (exit classification, backoff, crash loop, keep-alive) is
 //! decided here with plain `Instant`s and tested row by row (`slot_tests.rs`).
 //!
-//! ```text
-//!            Start                Ready         Stop(evict|keep-alive|shutdown|hung|unload)
-//!  Stopped ─────────▶ Starting ─────────▶ Ready ─────────────────▶ Draining ──Exited──▶ Stopped
-//!     ▲   ▲               │ Exited            │ Exited                  │ (hung: Crashed)
-//!     │   │ Stop(shutdown)▼                   ▼                         │
-//!     │   └──────── Crashed ◀─────────── (crash) ─▶ Failed (exit 78/2, or > 3 crashes in 60 s)
-//!     │              │ Start after backoff            │ Start after the cooldown
-//!     └──────────────┴────────────────────────────────┘
-//! ```
-//! Starting also stops on shutdown, a load timeout or an unload; Crashed and Failed go
-//! straight to Stopped on shutdown or an unload. Events from an older generation (a
-//! process that was already replaced) are ignored.
+//! The states, the allowed transitions and the one drawing of the diagram are in
+//! `state.rs`; `on` is checked against that table on every step.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::error::LeaseError;
+use crate::event::{Counter, Effect, Event, Exit, Proc, StopHow, StopReason};
 use crate::policy::{self, CrashLog};
 use crate::state::{EngineState, can_transition};
-
-/// A live engine process, as the machine sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Proc {
-    pub pid: u32,
-    pub socket: PathBuf,
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Phase {
@@ -67,107 +50,6 @@ pub enum Phase {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// Over the pool's count or memory limit.
-    Evict,
-    /// Idle longer than `--keep-alive`.
-    KeepAlive,
-    Shutdown,
-    /// The proxy saw it stall or answer garbage.
-    Hung,
-    /// It did not become ready (or answer its health check) in time.
-    LoadTimeout,
-    /// A person asked for it (`POST /api/models/{id}/unload`): stopped like an eviction
-    /// (drained, its prompt cache saved), from any live state; a crashed or failed
-    /// model is reset to stopped (its backoff or cooldown cleared).
-    Unload,
-}
-
-/// How an engine is stopped (`stop.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopHow {
-    /// Drain (save the prompt cache) → SIGTERM → SIGKILL at the deadline.
-    Graceful,
-    /// SIGKILL now: it is hung or never came up, a drain would only wait.
-    Kill,
-}
-
-/// How a process ended, reduced to what the rules need.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Exit {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-    /// The most telling stderr line (for error messages).
-    pub line: String,
-}
-
-impl Exit {
-    fn how(&self) -> String {
-        match (self.code, self.signal) {
-            (Some(c), _) => format!("exit code {c}"),
-            (_, Some(s)) => format!("signal {s}"),
-            _ => "unknown status".into(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// A request needs this model and the pool has room: start an engine.
-    Start {
-        switch_from: Option<Instant>,
-    },
-    Spawned {
-        generation: u64,
-        proc: Proc,
-    },
-    /// The ready line came and the engine answered its health check.
-    Ready {
-        generation: u64,
-    },
-    /// The process is gone, or was never created (spawn failed).
-    Exited {
-        generation: u64,
-        exit: Exit,
-    },
-    /// `Hung` only applies to the process `pid` names (the one the proxy saw fail).
-    Stop {
-        why: StopReason,
-        pid: Option<u32>,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    Spawn,
-    Respawn,
-    Eviction,
-    Crash,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Effect {
-    Spawn {
-        generation: u64,
-    },
-    Stop {
-        generation: u64,
-        proc: Proc,
-        how: StopHow,
-    },
-    RemoveSocket(PathBuf),
-    /// Requests waiting on this slot should look again.
-    Wake,
-    Count(Counter),
-    /// A switch (a start while another model was resident) finished.
-    Switched(Duration),
-    /// Resident engines may now be over the limits; `keep` this one.
-    Evict {
-        keep_self: bool,
-    },
-}
-
 /// What a request waiting for this model should do now.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Admit {
@@ -185,14 +67,15 @@ pub enum Admit {
     Start,
 }
 
+/// Every field is private: `on` is the only writer.
 #[derive(Clone, Debug)]
 pub struct Slot {
-    pub model: String,
-    pub phase: Phase,
+    model: String,
+    phase: Phase,
     generation: u64,
-    pub in_flight: usize,
-    pub last_used: Instant,
-    pub restarts: u32,
+    in_flight: usize,
+    last_used: Instant,
+    restarts: u32,
     /// Consecutive failures (reset by an engine that stayed up `HEALTHY_AFTER`).
     failures: u32,
     crashes: CrashLog,
@@ -214,6 +97,25 @@ impl Slot {
 
     pub fn state(&self) -> EngineState {
         self.phase.state()
+    }
+
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Leases held on the live process.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The last lease granted or given back (or the engine becoming ready).
+    pub fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    /// Starts after a crash, over the slot's life.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
     }
 
     /// The live process, if any.
@@ -254,16 +156,21 @@ impl Slot {
         matches!(self.phase, Phase::Ready { .. } if self.in_flight == 0).then(|| self.last_used + ttl)
     }
 
-    pub fn lease(&mut self, now: Instant) {
-        self.in_flight += 1;
-        self.last_used = now;
+    /// A lease is only ever granted on the ready process (`admit`, under the driver's
+    /// lock); one on any other generation changes nothing.
+    fn leased(&mut self, generation: u64, now: Instant) -> Vec<Effect> {
+        if matches!(self.phase, Phase::Ready { generation: g, .. } if g == generation) {
+            self.in_flight += 1;
+            self.last_used = now;
+        }
+        vec![]
     }
 
-    /// A lease on process `generation` ended. A lease on a process that has since
-    /// exited was already cleared with it (`in_flight` restarts at 0 with each process):
-    /// counting it against its successor would make a busy engine look idle, and so
-    /// evictable or past its keep-alive mid-request.
-    pub fn release(&mut self, now: Instant, generation: u64) -> Vec<Effect> {
+    /// A lease on a process that has since exited was already cleared with it
+    /// (`in_flight` restarts at 0 with each process): counting it against its successor
+    /// would make a busy engine look idle, and so evictable or past its keep-alive
+    /// mid-request.
+    fn released(&mut self, generation: u64, now: Instant) -> Vec<Effect> {
         if self.live_generation() != Some(generation) {
             return vec![Effect::Wake];
         }
@@ -283,9 +190,13 @@ impl Slot {
 
     fn step(&mut self, ev: Event, now: Instant) -> Vec<Effect> {
         use Effect::*;
-        if matches!(ev, Event::Start { .. }) && self.admit(now, None) != Admit::Start {
+        match ev {
+            // Leases change the count, never the phase.
+            Event::Leased { generation } => return self.leased(generation, now),
+            Event::Released { generation } => return self.released(generation, now),
             // Running, starting, stopping, or too early (backoff, cooldown): no start.
-            return vec![];
+            Event::Start { .. } if self.admit(now, None) != Admit::Start => return vec![],
+            _ => {}
         }
         let phase = std::mem::replace(&mut self.phase, Phase::Stopped);
         let (phase, effects) = match (phase, ev) {
@@ -310,7 +221,7 @@ impl Slot {
                 if g == generation =>
             {
                 // Stopped before the process existed: stop it now that it does.
-                let stop = Stop { generation, proc: proc.clone(), how: StopHow::Graceful };
+                let stop = Stop { generation, proc: proc.clone(), how: why.how() };
                 (Phase::Draining { generation, proc: Some(proc), why, ready_since }, vec![stop])
             }
             (Phase::Starting { generation, proc: Some(proc), switch_from }, Event::Ready { generation: g })
@@ -329,23 +240,30 @@ impl Slot {
             (Phase::Ready { generation, proc, since }, Event::Stop { why, pid })
                 if why != StopReason::LoadTimeout && (why != StopReason::Hung || pid == Some(proc.pid)) =>
             {
-                let how = if why == StopReason::Hung { StopHow::Kill } else { StopHow::Graceful };
-                let mut fx = vec![Stop { generation, proc: proc.clone(), how }];
+                let mut fx = vec![Stop { generation, proc: proc.clone(), how: why.how() }];
                 if matches!(why, StopReason::Evict | StopReason::KeepAlive) {
                     fx.push(Count(Counter::Eviction));
                 }
                 (Phase::Draining { generation, proc: Some(proc), why, ready_since: Some(since) }, fx)
             }
             (Phase::Starting { generation, proc, .. }, Event::Stop { why, .. })
-                if matches!(why, StopReason::Shutdown | StopReason::LoadTimeout | StopReason::Unload) =>
+                if matches!(
+                    why,
+                    StopReason::Shutdown | StopReason::LoadTimeout | StopReason::Unload | StopReason::Kill
+                ) =>
             {
-                let how = if why == StopReason::LoadTimeout { StopHow::Kill } else { StopHow::Graceful };
-                let fx = proc.iter().map(|p| Stop { generation, proc: p.clone(), how }).collect();
+                let fx = proc.iter().map(|p| Stop { generation, proc: p.clone(), how: why.how() }).collect();
                 (Phase::Draining { generation, proc, why, ready_since: None }, fx)
+            }
+            // Out of time while already stopping: kill what the drain is waiting on. The
+            // exit then reads as asked for, whatever the first reason was.
+            (Phase::Draining { generation, proc, ready_since, .. }, Event::Stop { why: StopReason::Kill, .. }) => {
+                let fx = proc.iter().map(|p| Stop { generation, proc: p.clone(), how: StopHow::Kill }).collect();
+                (Phase::Draining { generation, proc, why: StopReason::Kill, ready_since }, fx)
             }
             (
                 Phase::Crashed { .. } | Phase::Failed { .. },
-                Event::Stop { why: StopReason::Shutdown | StopReason::Unload, .. },
+                Event::Stop { why: StopReason::Shutdown | StopReason::Unload | StopReason::Kill, .. },
             ) => (Phase::Stopped, vec![Wake]),
             (old, Event::Exited { generation: g, exit }) if old.generation() == Some(g) => {
                 let socket = old.proc().map(|p| p.socket.clone());
@@ -378,7 +296,10 @@ impl Slot {
             Phase::Draining { why, .. } => Some(*why),
             _ => None,
         };
-        if let Some(StopReason::Evict | StopReason::KeepAlive | StopReason::Shutdown | StopReason::Unload) = requested {
+        if let Some(
+            StopReason::Evict | StopReason::KeepAlive | StopReason::Shutdown | StopReason::Unload | StopReason::Kill,
+        ) = requested
+        {
             // We asked it to stop. Exit 0 or our signal is clean; anything else is shown
             // as a crash but needs no backoff (nobody waits on this engine).
             if exit.code == Some(0) || exit.signal.is_some() {

@@ -2,6 +2,7 @@
 //! that must do nothing, the exit classification and the timing rules — with plain
 //! `Instant`s, no processes, no runtime.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -181,11 +182,12 @@ fn config_exit_codes_fail_at_once_without_retry() {
 fn ready_leases_and_releases() {
     let t0 = Instant::now();
     let mut s = ready(t0);
-    s.lease(t0 + ms(5));
-    assert_eq!((s.in_flight, s.last_used), (1, t0 + ms(5)));
-    assert_eq!(s.keep_alive_due(ms(1000)), None, "busy engines never expire");
     let g = s.live_generation().unwrap();
-    assert_eq!(s.release(t0 + ms(9), g), vec![Effect::Wake, Effect::Evict { keep_self: false }]);
+    assert!(s.on(Event::Leased { generation: g }, t0 + ms(5)).is_empty());
+    assert_eq!((s.in_flight(), s.last_used()), (1, t0 + ms(5)));
+    assert_eq!(s.keep_alive_due(ms(1000)), None, "busy engines never expire");
+    let fx = s.on(Event::Released { generation: g }, t0 + ms(9));
+    assert_eq!(fx, vec![Effect::Wake, Effect::Evict { keep_self: false }]);
     assert_eq!(s.keep_alive_due(ms(1000)), Some(t0 + ms(1009)));
     assert!(s.on(Event::Start { switch_from: None }, t0).is_empty());
 }
@@ -195,21 +197,33 @@ fn a_lease_on_a_process_that_exited_does_not_count_against_its_successor() {
     let t0 = Instant::now();
     let mut s = ready(t0);
     let old = s.live_generation().unwrap();
-    s.lease(t0);
+    s.on(Event::Leased { generation: old }, t0);
     // The process dies with the lease still held (a client still reading its cut stream).
     s.on(Event::Exited { generation: old, exit: exit(None, Some(9)) }, t0 + ms(1));
-    assert_eq!(s.in_flight, 0);
+    assert_eq!(s.in_flight(), 0);
     s.on(Event::Start { switch_from: None }, t0 + ms(1000));
     let new = s.live_generation().unwrap();
     s.on(Event::Spawned { generation: new, proc: proc(2) }, t0 + ms(1000));
     s.on(Event::Ready { generation: new }, t0 + ms(2000));
-    s.lease(t0 + ms(2000));
+    s.on(Event::Leased { generation: new }, t0 + ms(2000));
     // The old lease ends now: the new engine is still busy.
-    assert_eq!(s.release(t0 + ms(3000), old), vec![Effect::Wake]);
-    assert_eq!(s.in_flight, 1);
+    assert_eq!(s.on(Event::Released { generation: old }, t0 + ms(3000)), vec![Effect::Wake]);
+    assert_eq!(s.in_flight(), 1);
     assert_eq!(s.keep_alive_due(ms(1)), None);
-    s.release(t0 + ms(4000), new);
-    assert_eq!(s.in_flight, 0);
+    s.on(Event::Released { generation: new }, t0 + ms(4000));
+    assert_eq!(s.in_flight(), 0);
+}
+
+#[test]
+fn a_lease_is_counted_only_on_the_ready_process() {
+    let t0 = Instant::now();
+    let mut s = starting(t0);
+    assert!(s.on(Event::Leased { generation: 1 }, t0).is_empty());
+    assert_eq!(s.in_flight(), 0, "not ready: nothing to lease");
+    let mut r = ready(t0);
+    r.on(Event::Leased { generation: 7 }, t0 + ms(1));
+    assert_eq!((r.in_flight(), r.last_used()), (0, t0), "another generation");
+    assert_eq!(r.state(), EngineState::Ready, "leases never change the phase");
 }
 
 #[test]
@@ -258,9 +272,9 @@ fn ready_hung_is_killed_only_for_the_process_the_proxy_saw() {
 fn ready_exit_is_a_crash_with_backoff_and_no_start_error() {
     let t0 = Instant::now();
     let mut s = ready(t0);
-    s.lease(t0);
+    s.on(Event::Leased { generation: 1 }, t0);
     s.on(Event::Exited { generation: 1, exit: exit(None, Some(9)) }, t0 + ms(10));
-    assert_eq!(s.in_flight, 0);
+    assert_eq!(s.in_flight(), 0);
     assert_eq!(s.phase, Phase::Crashed { retry_at: t0 + ms(260), start_error: None });
 }
 
@@ -421,5 +435,60 @@ fn unload_resets_crashed_and_failed_models_to_stopped_and_ignores_stopped_ones()
     assert_eq!(f.admit(t0, None), Admit::Start, "the cooldown is cleared");
     let mut idle = Slot::new("m", t0);
     assert!(idle.on(stop(StopReason::Unload), t0).is_empty());
+    assert_eq!(idle.phase, Phase::Stopped);
+}
+
+// --- Kill (a second signal, or shutdown past its deadline) ---
+
+#[test]
+fn kill_of_a_ready_or_starting_engine_skips_the_drain_and_its_exit_is_clean() {
+    let t0 = Instant::now();
+    for mut s in [ready(t0), starting(t0)] {
+        let fx = s.on(stop(StopReason::Kill), t0);
+        assert_eq!(fx, vec![Effect::Stop { generation: 1, proc: proc(10), how: StopHow::Kill }]);
+        assert_eq!(s.state(), EngineState::Draining);
+        let fx = s.on(Event::Exited { generation: 1, exit: exit(None, Some(9)) }, t0);
+        assert_eq!(fx, vec![Effect::RemoveSocket(proc(10).socket), Effect::Wake], "no crash counted");
+        assert_eq!(s.phase, Phase::Stopped);
+    }
+}
+
+#[test]
+fn kill_of_a_draining_engine_kills_what_the_drain_waits_on() {
+    let t0 = Instant::now();
+    for why in [StopReason::Shutdown, StopReason::Hung, StopReason::Evict] {
+        let mut s = ready(t0);
+        s.on(Event::Stop { why, pid: Some(10) }, t0);
+        let fx = s.on(stop(StopReason::Kill), t0 + ms(5));
+        assert_eq!(fx, vec![Effect::Stop { generation: 1, proc: proc(10), how: StopHow::Kill }], "{why:?}");
+        assert_eq!(s.state(), EngineState::Draining);
+        s.on(Event::Exited { generation: 1, exit: exit(None, Some(9)) }, t0 + ms(6));
+        assert_eq!(s.phase, Phase::Stopped, "asked for: {why:?}");
+    }
+}
+
+#[test]
+fn kill_before_the_spawn_kills_the_process_once_it_exists() {
+    let t0 = Instant::now();
+    let mut s = Slot::new("m", t0);
+    s.on(Event::Start { switch_from: None }, t0);
+    assert!(s.on(stop(StopReason::Shutdown), t0).is_empty());
+    assert!(s.on(stop(StopReason::Kill), t0).is_empty(), "nothing to kill yet");
+    let fx = s.on(Event::Spawned { generation: 1, proc: proc(10) }, t0);
+    assert_eq!(fx, vec![Effect::Stop { generation: 1, proc: proc(10), how: StopHow::Kill }]);
+}
+
+#[test]
+fn kill_stops_crashed_and_failed_models_and_ignores_stopped_ones() {
+    let t0 = Instant::now();
+    let mut s = ready(t0);
+    s.on(Event::Exited { generation: 1, exit: exit(None, Some(9)) }, t0);
+    assert_eq!(s.on(stop(StopReason::Kill), t0), vec![Effect::Wake]);
+    assert_eq!(s.phase, Phase::Stopped);
+    let mut f = starting(t0);
+    f.on(Event::Exited { generation: 1, exit: exit(Some(78), None) }, t0);
+    assert_eq!(f.on(stop(StopReason::Kill), t0), vec![Effect::Wake]);
+    let mut idle = Slot::new("m", t0);
+    assert!(idle.on(stop(StopReason::Kill), t0).is_empty());
     assert_eq!(idle.phase, Phase::Stopped);
 }

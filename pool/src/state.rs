@@ -1,16 +1,29 @@
 //! Engine lifecycle states and the only transitions allowed between them.
 //!
+//! The one drawing of the engine state diagram (the docs point here): each arrow is a
+//! row of `TRANSITIONS`, labelled with the events of `event.rs` that take it. Which
+//! event takes which arrow, and with what effects, is decided in `slot.rs`; this table
+//! is the guard it is checked against.
+//!
 //! ```text
-//!  Stopped ──▶ Starting ──▶ Ready ──▶ Draining ──▶ Stopped
-//!     ▲           │  │         │           │
-//!     │           │  └──▶ Failed ◀─────────┤ (a hung engine's exit ends a crash loop)
-//!     │           ▼                        ▼
-//!     └──────── Crashed ◀───────────── Crashed (died while stopping, or was hung)
+//!  Stopped ──Start──▶ Starting ──Ready──▶ Ready
+//!                       │   │               │   │
+//!                       │   └──Stop──┐  ┌───┘   │  Stop from Ready: evict, keep-alive, shutdown, hung, unload, kill;
+//!                       │            ▼  ▼       │  from Starting: shutdown, load timeout, unload, kill
+//!                       │          Draining ────┼──Exited as asked (0 or our signal)──▶ Stopped
+//!                       │            │          │  (Stop(kill) while Draining: killed now, still Draining)
+//!                Exited │            │ Exited   │ Exited
+//!                       │            │ (killed: hung or load timeout; or an error code)
+//!                       ▼            ▼          ▼
+//!                    Crashed (backoff)  /  Failed (cooldown)
+//!                       ├──Start, once allowed──▶ Starting
+//!                       └──Stop(shutdown, unload, kill)──▶ Stopped
 //! ```
-//! `Crashed` and `Failed` engines start again on demand (`Failed` only after its
-//! cooldown); shutdown may stop an engine from any live state. Which event causes
-//! which transition is decided in `slot.rs`; this table is the guard it is checked
-//! against.
+//! Crashed waits out a backoff (250 ms doubling to 8 s, reset by a run of 10 s); Failed
+//! (exit 78 or 2, a configuration error, or more than 3 crashes in 60 s) refuses
+//! requests for a 60 s cooldown (`policy.rs`). Leases (`Leased`, `Released`) change an
+//! engine's count of requests in flight, never its state. Events from an older
+//! generation (a process that was already replaced) change nothing.
 
 use serde::Serialize;
 
@@ -23,7 +36,7 @@ pub enum EngineState {
     Starting,
     /// Serving requests.
     Ready,
-    /// Being drained and stopped (eviction or shutdown).
+    /// Being stopped: drained first, or killed (hung, no time left).
     Draining,
     /// The process died unexpectedly; the next request respawns it (after backoff).
     Crashed,
@@ -88,17 +101,17 @@ mod tests {
         expect(Starting, Ready, true); // ready line + health probe
         expect(Starting, Crashed, true); // died while loading
         expect(Starting, Failed, true); // exit 78: configuration error
-        expect(Starting, Draining, true); // shutdown during load
-        expect(Ready, Draining, true); // eviction or shutdown
+        expect(Starting, Draining, true); // shutdown, load timeout, unload or kill during load
+        expect(Ready, Draining, true); // eviction, keep-alive, shutdown, hung, unload, kill
         expect(Ready, Crashed, true); // died while serving
         expect(Ready, Failed, true); // exit 78 after ready (config reloaded badly)
         expect(Draining, Stopped, true); // clean stop
         expect(Draining, Crashed, true); // died with a non-clean status while stopping, or was hung
         expect(Draining, Failed, true); // a hung engine's kill is the 4th crash in 60 s
         expect(Crashed, Starting, true); // respawn on demand after backoff
-        expect(Crashed, Stopped, true); // shutdown of a dead engine
+        expect(Crashed, Stopped, true); // shutdown, unload or kill of a dead engine
         expect(Failed, Starting, true); // cooldown passed
-        expect(Failed, Stopped, true); // shutdown
+        expect(Failed, Stopped, true); // shutdown, unload or kill
         let allowed: Vec<_> =
             ALL.iter().flat_map(|&a| ALL.iter().map(move |&b| (a, b))).filter(|&(a, b)| can_transition(a, b)).collect();
         assert_eq!(allowed.len(), TRANSITIONS.len());

@@ -14,8 +14,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::child::ExitInfo;
+use crate::event::{Proc, StopHow};
 use crate::procs::{ExitWatch, Procs, wait_exit};
-use crate::slot::{Proc, StopHow};
 
 /// Time on top of the drain deadline for the engine to write its prompt cache.
 pub const DRAIN_SLACK: Duration = Duration::from_secs(2);

@@ -8,9 +8,9 @@ use corral_protocol::ModelId;
 use corral_protocol::launch::EngineLaunch;
 
 use crate::child::{self, ExitInfo};
+use crate::event::{Event, Exit, Proc, StopReason};
 use crate::pool::{Shared, now};
 use crate::procs::{Started, wait_exit};
-use crate::slot::{Event, Exit, Proc, StopReason};
 
 /// The health probe after the ready line (the engine answers it from its I/O thread).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
