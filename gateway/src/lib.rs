@@ -3,9 +3,10 @@
 //! to the engine of the requested model through the pool. It never tokenizes and never
 //! links model code; an engine crash is an error response, never a gateway crash.
 //!
-//! Layout, one job per file: `app` (shared state and config), `routes` (the route table,
-//! request spans, dispatch), `respond` (the one error → HTTP site), `proxy` (forwarding)
-//! with `proxy_error` (what can fail and what follows) and `body` (pass-through bodies),
+//! Layout, one job per file: `app` (shared state and config), `route` (the route table) and
+//! `routes` (request spans, guards, dispatch), `respond` (the one error → HTTP site), `proxy` (forwarding)
+//! with `proxy_error` (what can fail and what follows), `pass_through` (the answer on its
+//! way back, shared with `upstream/`) and `body` (pass-through bodies),
 //! `monitor` (`/stats`, `/metrics`) with `metrics` (the Prometheus text format) and
 //! `stats` (counters), `stored` (the Responses store: bounds and persistence) with
 //! `stored_routes` (`previous_response_id` expansion, capturing answers,
@@ -17,8 +18,8 @@
 //! connection limits and shutdown), `target` (a request's model: local or upstream),
 //! `upstream/` (models served by forwarding to another OpenAI-compatible server).
 //! Dependencies point one way:
-//! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {body, respond, stored}`;
-//! `monitor → metrics`.
+//! `server → routes → {proxy, monitor, stored_routes, ui, model_controls} → {route, body, respond, stored}`;
+//! `proxy → upstream::forward → pass_through`; `monitor → metrics → stats`.
 
 pub mod app;
 pub mod auth;
@@ -29,9 +30,11 @@ pub mod metrics;
 pub mod model_controls;
 pub mod monitor;
 pub mod open;
+pub(crate) mod pass_through;
 pub mod proxy;
 pub mod proxy_error;
 pub mod respond;
+pub mod route;
 pub mod routes;
 pub mod server;
 pub mod stats;

@@ -12,7 +12,7 @@ use http::Response;
 use crate::app::App;
 use crate::body::Body;
 use crate::respond;
-use crate::routes::MODELS_PREFIX;
+use crate::route::MODELS_PREFIX;
 
 /// The `{id}` of `/api/models/{id}/<action>` (the route table has checked the shape).
 fn model_of(path: &str) -> &str {

@@ -1,5 +1,5 @@
 //! Forwarding a public request to its model's engine (or, for an upstream model, to
-//! `upstream::forward`, which shares the pass-through).
+//! `upstream::forward`; both hand the answer to `pass_through.rs`).
 //!
 //! The body is read (bounded in size and time) only to find `model` and check the request
 //! bounds (`protocol::bounds`: `max_tokens`, `n`, stop strings); the bytes go to the engine unchanged
@@ -19,35 +19,18 @@ use corral_pool::Lease;
 use corral_pool::unix_http;
 use corral_protocol::bounds::Outline;
 use corral_protocol::{ApiError, ApiShape, ErrorKind};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
+use http::{HeaderValue, Request, Response, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
 use crate::app::App;
-use crate::body::{Body, Claim, Ending, OnFailure, ProxyBody, Tap};
+use crate::body::Body;
+use crate::pass_through::{Forwarded, pass_through, strip_hop};
 use crate::proxy_error::{ENGINE, Kind, ProxyError};
 use crate::respond;
-use crate::routes::Route;
-use crate::stored_routes::{self, Capture};
+use crate::route::Route;
+use crate::stored_routes;
 use crate::target::Target;
-
-/// Headers that describe one hop, not the message.
-const HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::HOST,
-];
-
-pub(crate) fn strip_hop(h: &mut HeaderMap) {
-    for name in HOP.iter() {
-        h.remove(name);
-    }
-}
 
 pub async fn forward(app: Arc<App>, route: Route, req: Request<Incoming>, guard: Guard) -> Response<Body> {
     let shape = route.shape();
@@ -183,41 +166,6 @@ async fn send(
             Err(ProxyError::new(Kind::HeadTimeout, format!("no answer in {} ms", app.cfg.engine_timeout.as_millis())))
         }
     }
-}
-
-/// A response on its way back: what its body holds until it ends, and how it ends.
-pub(crate) struct Forwarded {
-    /// The pool lease or the upstream replica's claim.
-    pub claim: Claim,
-    pub guard: Guard,
-    pub sse_wanted: bool,
-    pub shape: ApiShape,
-    /// Stored Responses capture their answer on its way out.
-    pub capture: Option<Capture>,
-    /// Told about a failure after the head.
-    pub on_failure: OnFailure,
-    /// Who a terminal error names.
-    pub who: &'static str,
-}
-
-pub(crate) fn pass_through(app: &Arc<App>, resp: Response<Incoming>, f: Forwarded) -> Response<Body> {
-    let (mut parts, upstream) = resp.into_parts();
-    strip_hop(&mut parts.headers);
-    let sse_answer = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let sse = f.sse_wanted || sse_answer;
-    // Only a successful answer is stored.
-    let tap = f.capture.filter(|_| parts.status.is_success()).map(|mut c| {
-        let len = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-        c.expect_len(if sse_answer { None } else { Some(len.unwrap_or(usize::MAX)) });
-        Box::new(c) as Box<dyn Tap>
-    });
-    let ending = Ending { sse, shape: f.shape, stall: app.cfg.stall_timeout, on_failure: f.on_failure, who: f.who };
-    let body = ProxyBody::new(upstream, f.claim, f.guard, ending, tap);
-    Response::from_parts(parts, Body::Proxy(Box::new(body)))
 }
 
 #[cfg(test)]

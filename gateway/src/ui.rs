@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 
 use crate::body::Body;
 use crate::respond;
-use crate::routes::ASSET_PREFIX;
+use crate::route::ASSET_PREFIX;
 
 pub struct Asset {
     /// The name under `/ui/` (`index.html` is served at `/`).

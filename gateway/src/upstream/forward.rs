@@ -24,10 +24,10 @@ use super::spec::Api;
 use super::{Upstream, card, rewrite};
 use crate::app::App;
 use crate::body::Body;
-use crate::proxy::{self, Forwarded};
+use crate::pass_through::{self, Forwarded};
 use crate::proxy_error::{Kind, ProxyError, UPSTREAM};
 use crate::respond;
-use crate::routes::Route;
+use crate::route::Route;
 
 /// The API a proxied route reaches an upstream through.
 pub fn api_of(route: Route) -> Api {
@@ -79,7 +79,7 @@ pub async fn forward(
     }
     let body = rewrite::set_model(&body, up.spec.remote_name()).unwrap_or(body);
     let mut headers = parts.headers.clone();
-    proxy::strip_hop(&mut headers);
+    pass_through::strip_hop(&mut headers);
     rewrite::headers(&mut headers, up.key());
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -191,5 +191,5 @@ fn pass_through(
         replica.seen(up2.id(), Seen::Failed(e.detail.clone()));
     });
     let fwd = Forwarded { claim, guard, sse_wanted, shape, capture: None, on_failure, who: UPSTREAM };
-    proxy::pass_through(app, resp, fwd)
+    pass_through::pass_through(app, resp, fwd)
 }
