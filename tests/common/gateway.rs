@@ -29,14 +29,23 @@ pub fn fake_model(dir: &Path, name: &str, behaviour: Value) -> PathBuf {
 
 /// The fake engine (tests/fake-engine, package `corral-fake-engine`). It is another
 /// workspace member, so cargo gives these tests no `CARGO_BIN_EXE_` for it: it is found
-/// next to the `corral` binary, which cargo builds into the same directory for the same
-/// profile (`cargo test --workspace` builds both).
+/// next to the `corral` binary, where cargo builds it for the same profile when its own
+/// package's tests are built too (`cargo test --workspace`, nextest `--workspace`). A test
+/// run of this package alone (`cargo test --test it`) builds only `corral`: then the fake
+/// engine must exist and be newer than its source, or this names the command that builds it.
 pub fn fake_engine_bin() -> &'static str {
     static BIN: OnceLock<String> = OnceLock::new();
     BIN.get_or_init(|| {
         let corral = Path::new(super::bin());
         let bin = corral.with_file_name("corral-fake-engine");
-        if !bin.is_file() {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-engine/src/main.rs");
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let problem = match (modified(&bin), modified(&source)) {
+            (None, _) => Some("is missing"),
+            (Some(built), Some(edited)) if built < edited => Some("is older than its source"),
+            _ => None,
+        };
+        if let Some(problem) = problem {
             // The profile's flag, from the directory cargo built into (target/<profile>/).
             let profile = match corral.parent().and_then(Path::file_name).and_then(|d| d.to_str()) {
                 Some("debug") | None => String::new(),
@@ -44,7 +53,7 @@ pub fn fake_engine_bin() -> &'static str {
                 Some(other) => format!(" --profile {other}"),
             };
             panic!(
-                "{} is missing: the gateway tests start the fake engine, the binary of the workspace \
+                "{} {problem}: the gateway tests start the fake engine, the binary of the workspace \
                  member corral-fake-engine; run them with `cargo test --workspace{profile}`, or build it \
                  first with `cargo build -p corral-fake-engine{profile}`",
                 bin.display()
