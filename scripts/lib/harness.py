@@ -212,13 +212,13 @@ def require_test_models(who):
 
 
 def corral_binary(*also):
-    """$CORRAL_BIN, else a release build of `corral` (and of the other binaries named,
-    which land beside it), made or brought up to date here."""
+    """$CORRAL_BIN, else a release build of `corral` (and of the other packages' binaries
+    named, e.g. corral-fake-engine, which land beside it), made or brought up to date here."""
     if os.environ.get("CORRAL_BIN"):
         return os.environ["CORRAL_BIN"]
-    cmd = ["cargo", "build", "--release", "--quiet", "--bin", "corral"]
+    cmd = ["cargo", "build", "--release", "--quiet", "-p", "corral"]
     for b in also:
-        cmd += ["--bin", b]
+        cmd += ["-p", b]
     subprocess.run(cmd, cwd=ROOT, check=True)
     return str(ROOT / "target/release/corral")
 

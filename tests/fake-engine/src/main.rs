@@ -11,7 +11,7 @@
 //! - `load_ms`: pretend loading takes this long
 //! - `exit_after_ready_ms`: exit (code 1) this long after becoming ready
 //! - `tokens`, `token_ms`: length and pace of every completion
-//! - `stamp`: each streamed token's text is `t<unix µs when sent> ` (scripts/bench-upstream
+//! - `stamp`: each streamed token's text is `t<unix µs when sent> ` (scripts/bench/upstream
 //!   reads how long a token took to reach the client)
 //! - `crash_after_tokens`: SIGKILL itself after sending this many tokens
 //! - `hang_before_headers`: accept requests and never answer
