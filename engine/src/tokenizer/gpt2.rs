@@ -5,45 +5,38 @@ use std::collections::HashMap;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BPE, Vocab};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
 
-use super::TokenKind;
+use super::{TokenKind, pre};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 
-pub(super) fn build(g: &Gguf, texts: &[String], kinds: &[TokenKind]) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>)> {
+pub(super) fn build(
+    g: &Gguf,
+    texts: &[String],
+    kinds: &[TokenKind],
+) -> Result<(tokenizers::Tokenizer, Vec<Vec<u8>>, pre::Pre)> {
+    // The pre-tokenizer first: an unknown one is the error to report, before any work.
+    let pre = pre::lookup(g.opt_str("tokenizer.ggml.pre"))?;
     let merges: Vec<(String, String)> = g
         .str_array("tokenizer.ggml.merges")?
         .into_iter()
         .map(|m| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+            // llama.cpp splits at the first space after the first character.
+            m.char_indices()
+                .skip(1)
+                .find(|&(_, c)| c == ' ')
+                .map(|(i, _)| (m[..i].to_owned(), m[i + 1..].to_owned()))
                 .ok_or_else(|| Error::Tokenizer(format!("bad merge {m:?}")))
         })
         .collect::<Result<_>>()?;
     let vocab: Vocab = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| Error::Tokenizer(e.to_string()))?;
-
-    // llama.cpp's pre-tokenizer regexes per `tokenizer.ggml.pre`.
-    let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, true));
-    let pre = match g.opt_str("tokenizer.ggml.pre").unwrap_or("default") {
-        // Digits are split one by one before the GPT-2 regex.
-        "smollm" | "starcoder" | "refact" | "codeshell" | "command-r" | "exaone" => {
-            PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                PreTokenizerWrapper::Digits(Digits::new(true)),
-                byte_level,
-            ]))
-        }
-        "gpt2" | "default" | "gpt-2" | "mpt" | "olmo" => byte_level,
-        other => {
-            return Err(Error::Tokenizer(format!("unsupported gpt2 pre-tokenizer {other:?}")));
-        }
-    };
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(pre.ignore_merges)
+        .build()
+        .map_err(|e| Error::Tokenizer(e.to_string()))?;
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    tok.with_pre_tokenizer(Some(pre));
+    tok.with_pre_tokenizer(Some(pre::build(&pre)?));
     tok.with_decoder(Some(ByteLevelDecoder::default()));
 
     let unbyte = unicode_to_byte();
@@ -67,12 +60,12 @@ pub(super) fn build(g: &Gguf, texts: &[String], kinds: &[TokenKind]) -> Result<(
             }
         })
         .collect();
-    Ok((tok, pieces))
+    Ok((tok, pieces, pre))
 }
 
 /// Inverse of GPT-2's `bytes_to_unicode`: printable bytes map to themselves, the other
 /// 68 to U+0100.. in order.
-fn unicode_to_byte() -> HashMap<char, u8> {
+pub(super) fn unicode_to_byte() -> HashMap<char, u8> {
     let mut map = HashMap::with_capacity(256);
     let mut next = 256u32;
     for b in 0u32..=255 {

@@ -1,17 +1,21 @@
 //! Tokenizer built from a GGUF's `tokenizer.ggml.*` metadata with the `tokenizers` crate.
 //!
 //! Parity target: the same ids as llama.cpp's tokenizer for the same file, with special
-//! tokens parsed (as llama.cpp's server does for prompts). Two vocab kinds are supported:
-//! `gpt2` (byte-level BPE with merges, e.g. SmolLM2) and `llama` (SentencePiece-style
-//! scores, e.g. Gemma). Decoding does not go through `tokenizers`: every token has a
+//! tokens parsed (as llama.cpp's server does for prompts) or not (`encode_unparsed`). Two
+//! vocab kinds are supported: `gpt2` (byte-level BPE with merges, e.g. Llama 3, Qwen2,
+//! SmolLM2; the pre-tokenizers are in `pre.rs`) and `llama` (SentencePiece-style scores,
+//! e.g. Gemma, Phi-3). engine/tests/tokenizer_vocab.rs checks both against llama.cpp's
+//! own tokenizer test data. Decoding does not go through `tokenizers`: every token has a
 //! byte string (`piece`), so streaming output can be assembled byte-exactly and cut only
 //! at UTF-8 boundaries (see `crate::detok`).
 
 mod gpt2;
 mod merges_cache;
+mod pre;
 mod spm;
 
 use std::collections::HashSet;
+use std::sync::OnceLock;
 
 use tokenizers::AddedToken;
 
@@ -57,8 +61,12 @@ const EOG_TEXTS: &[&str] = &[
     "<｜end▁of▁sentence｜>",
 ];
 
+pub use pre::names as gpt2_pre_tokenizers;
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with control-token texts left as text, built on first use.
+    unparsed: OnceLock<tokenizers::Tokenizer>,
     /// Bytes each token renders as (empty for control tokens).
     pieces: Vec<Vec<u8>>,
     texts: Vec<String>,
@@ -85,9 +93,17 @@ impl Tokenizer {
             Ok(v) if v.len() == texts.len() => v.into_iter().map(TokenKind::from_gguf).collect(),
             _ => vec![TokenKind::Normal; texts.len()],
         };
-        let (inner, pieces) = match model {
-            "gpt2" => gpt2::build(g, &texts, &kinds)?,
-            "llama" => spm::build(g, &texts, &kinds, cache_dir)?,
+        // llama.cpp's defaults: SentencePiece adds BOS; a gpt2 vocabulary's pre-tokenizer
+        // says (Llama 3 and Tekken do), and ChatGLM's has no BOS at all.
+        let (inner, pieces, default_add_bos, no_bos) = match model {
+            "gpt2" => {
+                let (inner, pieces, pre) = gpt2::build(g, &texts, &kinds)?;
+                (inner, pieces, pre.add_bos, pre.no_bos)
+            }
+            "llama" => {
+                let (inner, pieces) = spm::build(g, &texts, &kinds, cache_dir)?;
+                (inner, pieces, true, false)
+            }
             other => {
                 return Err(Error::Tokenizer(format!(
                     "unsupported tokenizer model {other:?} (supported: gpt2, llama)"
@@ -95,13 +111,14 @@ impl Tokenizer {
             }
         };
         let mut inner = inner;
-        add_special_tokens(&mut inner, &texts, &kinds)?;
+        let rstrip = rstrip_rule(g);
+        add_special_tokens(&mut inner, &texts, &kinds, rstrip)?;
 
         let n = texts.len() as u32;
         let id = |key: &str| g.opt_u32(key).filter(|&i| i < n);
-        let bos = id("tokenizer.ggml.bos_token_id");
+        let bos = id("tokenizer.ggml.bos_token_id").filter(|_| !no_bos);
         let eos = id("tokenizer.ggml.eos_token_id");
-        let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token").unwrap_or(model == "llama") && bos.is_some();
+        let add_bos = g.opt_bool("tokenizer.ggml.add_bos_token").unwrap_or(default_add_bos) && bos.is_some();
         let mut eog: HashSet<u32> =
             [eos, id("tokenizer.ggml.eot_token_id"), id("tokenizer.ggml.eom_token_id")].into_iter().flatten().collect();
         for (i, t) in texts.iter().enumerate() {
@@ -110,7 +127,7 @@ impl Tokenizer {
             }
         }
         let fingerprint = fingerprint(model, &texts, &kinds, g);
-        Ok(Self { inner, pieces, texts, kinds, bos, eos, add_bos, eog, fingerprint })
+        Ok(Self { inner, unparsed: OnceLock::new(), pieces, texts, kinds, bos, eos, add_bos, eog, fingerprint })
     }
 
     /// Token ids for `text`, exactly as llama.cpp's `llama_tokenize(add_special,
@@ -118,7 +135,23 @@ impl Tokenizer {
     /// `add_special` the BOS token is prepended when the model asks for it (even if the
     /// text already spells one: chat rendering strips a template's own BOS instead).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode_fast(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        self.encode_with(&self.inner, text, add_special)
+    }
+
+    /// Like `encode`, but control-token texts in `text` stay text (llama.cpp's
+    /// `parse_special=false`, as its tokenizer tests run); user-defined tokens are still
+    /// matched, as llama.cpp does.
+    pub fn encode_unparsed(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let tok = self.unparsed.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        self.encode_with(tok, text, add_special)
+    }
+
+    fn encode_with(&self, tok: &tokenizers::Tokenizer, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let enc = tok.encode_fast(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         let ids = enc.get_ids();
         let mut out = Vec::with_capacity(ids.len() + 1);
         if add_special && self.add_bos {
@@ -184,15 +217,34 @@ impl Tokenizer {
     }
 }
 
-/// Control and user-defined tokens are matched in the raw text before the model's own
-/// segmentation, longest first, like llama.cpp's special-token partition.
-fn add_special_tokens(tok: &mut tokenizers::Tokenizer, texts: &[String], kinds: &[TokenKind]) -> Result<()> {
+/// Which special tokens swallow the whitespace after them. llama.cpp sets this by model
+/// name, not from the file: for Phi-3 every partitioned token does, except `<unk>`, `<s>`
+/// and `<|endoftext|>`.
+fn rstrip_rule(g: &Gguf) -> impl Fn(&str) -> bool + use<> {
+    let name = g.opt_str("general.name").unwrap_or("").to_lowercase();
+    let phi3 = name.contains("phi-3") || name.contains("phi3");
+    move |text: &str| phi3 && !matches!(text, "<unk>" | "<s>" | "<|endoftext|>")
+}
+
+/// Control, unknown and user-defined tokens are matched in the raw text before the
+/// model's own segmentation, like llama.cpp's special-token partition; control and
+/// unknown ones only when special tokens are parsed (they are `special` here).
+fn add_special_tokens(
+    tok: &mut tokenizers::Tokenizer,
+    texts: &[String],
+    kinds: &[TokenKind],
+    rstrip: impl Fn(&str) -> bool,
+) -> Result<()> {
     let mut special = Vec::new();
     let mut user = Vec::new();
     for (t, k) in texts.iter().zip(kinds) {
+        if t.is_empty() {
+            continue;
+        }
+        let added = |special: bool| AddedToken::from(t.clone(), special).normalized(false).rstrip(rstrip(t));
         match k {
-            TokenKind::Control if !t.is_empty() => special.push(AddedToken::from(t.clone(), true).normalized(false)),
-            TokenKind::UserDefined if !t.is_empty() => user.push(AddedToken::from(t.clone(), false).normalized(false)),
+            TokenKind::Control | TokenKind::Unknown => special.push(added(true)),
+            TokenKind::UserDefined => user.push(added(false)),
             _ => {}
         }
     }
