@@ -32,7 +32,11 @@ fn vocab_dir() -> Option<PathBuf> {
         return Some(dir);
     }
     let required = std::env::var("CORRAL_REQUIRE_VOCAB").is_ok_and(|v| v == "1");
-    assert!(!required, "{} has no llama.cpp vocab files (CORRAL_REQUIRE_VOCAB=1): run scripts/models/vocab", dir.display());
+    assert!(
+        !required,
+        "{} has no llama.cpp vocab files (CORRAL_REQUIRE_VOCAB=1): run scripts/models/vocab",
+        dir.display()
+    );
     eprintln!("skipped: run scripts/models/vocab");
     None
 }
