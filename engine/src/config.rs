@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::kernels::ops::{RopeScaling, RopeStyle};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -12,13 +13,38 @@ pub enum Arch {
     /// Gemma 3: pre+post norms, Q/K norms, GeGLU, sliding-window layers with their own
     /// rotary base, embedding scaled by sqrt(hidden).
     Gemma3,
+    /// Qwen2/2.5 (and DeepSeek-R1 distills): llama's graph with Q/K/V biases and NeoX
+    /// rotary pairs.
+    Qwen2,
+    /// Qwen3 (dense): llama's graph with RMSNorm on every Q and K head before RoPE, NeoX
+    /// rotary pairs, and a head size of its own (`key_length`).
+    Qwen3,
 }
 
 impl Arch {
+    const ALL: [Arch; 4] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3];
+
+    /// The architecture a GGUF's `general.architecture` names, if the engine runs it
+    /// (`corral_protocol::ARCHITECTURES` lists the same names).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    /// Which pairs of a head's dimensions rotate together (llama.cpp's
+    /// `llama_model_rope_type`: NORM for llama, NEOX for the Qwen and Gemma families).
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Arch::Llama => RopeStyle::Interleaved,
+            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
         }
     }
 }
@@ -38,6 +64,9 @@ pub struct ModelConfig {
     pub rms_eps: f32,
     /// Rotary base of full-attention layers.
     pub rope_base: f32,
+    /// Context scaling of the full-attention layers' rotary angles (`rope.scaling.*`);
+    /// `RopeScaling::NONE` when the file asks for none.
+    pub rope_scaling: RopeScaling,
     /// Rotary base of sliding-window layers (Gemma 3: 10,000).
     pub rope_base_local: f32,
     /// Sliding-window size in tokens, for the layers marked in `is_swa`.
@@ -49,13 +78,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let arch_name = g.architecture()?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "gemma3" => Arch::Gemma3,
-            other => {
-                return Err(Error::UnsupportedArch { arch: other.to_owned() });
-            }
-        };
+        let arch = Arch::from_name(arch_name).ok_or_else(|| Error::UnsupportedArch { arch: arch_name.to_owned() })?;
         let k = |suffix: &str| format!("{arch_name}.{suffix}");
         let n_layers = g.u32(&k("block_count"))? as usize;
         let hidden = g.u32(&k("embedding_length"))? as usize;
@@ -65,7 +88,7 @@ impl ModelConfig {
         let vocab = g.dims("token_embd.weight")?.first().copied().unwrap_or(0);
         let sliding_window = match arch {
             Arch::Gemma3 => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
-            Arch::Llama => None,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6),
         // unless the file states the pattern per layer.
@@ -76,6 +99,17 @@ impl ModelConfig {
             },
             _ => vec![false; n_layers],
         };
+        // Every architecture here rotates whole heads (llama.cpp rejects a llama file whose
+        // `rope.dimension_count` differs, and asserts it for qwen2/qwen3 and gemma3).
+        if let Some(n_rot) = g.opt_u32(&k("rope.dimension_count"))
+            && n_rot as usize != head_dim
+        {
+            return Err(Error::Tensor {
+                name: k("rope.dimension_count"),
+                reason: format!("partial rotary embedding ({n_rot} of {head_dim} dimensions) is not supported"),
+            });
+        }
+        let ctx_train = g.opt_u32(&k("context_length")).unwrap_or(2048) as usize;
         let cfg = Self {
             arch,
             n_layers,
@@ -85,15 +119,26 @@ impl ModelConfig {
             head_dim,
             ffn: g.u32(&k("feed_forward_length"))? as usize,
             vocab,
-            ctx_train: g.opt_u32(&k("context_length")).unwrap_or(2048) as usize,
+            ctx_train,
             rms_eps: g.f32(&k("attention.layer_norm_rms_epsilon"))?,
             rope_base: g.opt_f32(&k("rope.freq_base")).unwrap_or(10_000.0),
+            rope_scaling: rope_scaling(g, arch_name, ctx_train)?,
             rope_base_local: g.opt_f32(&k("rope.freq_base_swa")).unwrap_or(10_000.0),
             sliding_window: sliding_window.filter(|&w| w > 0),
             is_swa,
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Why the CUDA backend cannot run this model (it has none of these ops yet), if it
+    /// cannot: `Model::load_on` falls back to the CPU for `auto` and fails for `cuda:N`.
+    pub fn cuda_unsupported(&self) -> Option<String> {
+        match self.arch {
+            Arch::Qwen2 | Arch::Qwen3 => return Some(format!("{} runs on the CPU only so far", self.arch.name())),
+            Arch::Llama | Arch::Gemma3 => {}
+        }
+        (self.rope_scaling != RopeScaling::NONE).then(|| "rotary scaling (rope.scaling.*) runs on the CPU only so far".into())
     }
 
     fn validate(&self) -> Result<()> {
@@ -120,5 +165,61 @@ impl ModelConfig {
 
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
+    }
+}
+
+/// llama.cpp's rotary scaling from `{arch}.rope.scaling.*`, as its context derives it
+/// (`llama_context`'s constructor): `freq_scale` = 1/factor; YaRN turns the ramp on
+/// (`ext_factor` 1) and sets the attention factor `get_mscale(factor)` divided by the
+/// factor that `rope_yarn` multiplies back in (computed in the same f32 steps, so the
+/// product is llama.cpp's to the bit).
+fn rope_scaling(g: &Gguf, arch: &str, ctx_train: usize) -> Result<RopeScaling> {
+    let k = |suffix: &str| format!("{arch}.rope.scaling.{suffix}");
+    let kind = g.opt_str(&k("type")).unwrap_or("linear");
+    let factor = g.opt_f32(&k("factor")).or_else(|| g.opt_f32(&format!("{arch}.rope.scale_linear"))).unwrap_or(0.0);
+    let freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+    let file_attn = g.opt_f32(&k("attn_factor")).unwrap_or(1.0);
+    let n_ctx_orig = g.opt_u32(&k("original_context_length")).map_or(ctx_train, |v| v as usize);
+    let plain = RopeScaling { freq_scale, attn_factor: file_attn, ..RopeScaling::NONE };
+    match kind {
+        "none" => Ok(RopeScaling { attn_factor: file_attn, ..RopeScaling::NONE }),
+        "linear" => Ok(plain),
+        "yarn" => {
+            if g.has(&k("yarn_log_multiplier")) {
+                return Err(Error::Tensor {
+                    name: k("yarn_log_multiplier"),
+                    reason: "YaRN with a log multiplier (DeepSeek) is not supported".into(),
+                });
+            }
+            let factor = 1.0 / freq_scale;
+            // get_mscale(factor, 1), then "cancel" the factor rope_yarn applies.
+            let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+            let attn = mscale * (1.0 / (1.0 + 0.1 * factor.ln()));
+            Ok(RopeScaling {
+                freq_scale,
+                ext_factor: 1.0,
+                attn_factor: attn * file_attn,
+                // llama.cpp's defaults; it reads `yarn_beta_*` for mistral3 only.
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                n_ctx_orig,
+            })
+        }
+        other => Err(Error::Tensor { name: k("type"), reason: format!("rotary scaling {other:?} is not supported") }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Arch;
+
+    #[test]
+    fn the_protocols_architecture_list_is_exactly_the_engines() {
+        let engine: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(engine, corral_protocol::ARCHITECTURES);
+        for name in corral_protocol::ARCHITECTURES {
+            assert_eq!(Arch::from_name(name).map(Arch::name), Some(name));
+        }
+        assert_eq!(Arch::from_name("qwen3moe"), None);
     }
 }

@@ -20,7 +20,7 @@ pub enum Error {
     #[error("{path} is truncated: tensor {tensor} needs bytes up to {need} but the file has {have}")]
     Truncated { path: PathBuf, tensor: String, need: u64, have: u64 },
 
-    #[error("unsupported model architecture {arch:?} (supported: llama, gemma3)")]
+    #[error("unsupported model architecture {arch:?} (supported: {})", corral_protocol::ARCHITECTURES.join(", "))]
     UnsupportedArch { arch: String },
 
     #[error("model metadata {key} is missing or has the wrong type")]

@@ -11,9 +11,6 @@ use corral_protocol::openai::{Capabilities, ModelCard};
 use crate::gguf_meta::{GgufMeta, GgufMetaError};
 use crate::registry::ModelEntry;
 
-/// The architectures corral's engine runs (its `config::Arch`).
-pub const ENGINE_ARCHS: [&str; 2] = ["llama", "gemma3"];
-
 /// Architectures with a built-in chat template, for files that carry none.
 const BUILTIN_TEMPLATES: [(&str, &str); 1] = [("gemma3", "builtin:gemma")];
 
@@ -33,7 +30,7 @@ pub fn from_header(entry: &ModelEntry, meta: Result<GgufMeta, GgufMetaError>, op
     } else {
         BUILTIN_TEMPLATES.iter().find(|(a, _)| *a == meta.arch).map(|(_, n)| (*n).to_owned())
     };
-    let runs = ENGINE_ARCHS.contains(&meta.arch.as_str());
+    let runs = corral_protocol::ARCHITECTURES.contains(&meta.arch.as_str());
     let mut caps = Capabilities::of_engine(runs && template.is_some());
     if !runs {
         (caps.text_completions, caps.streaming, caps.logprobs, caps.structured_output) = (false, false, false, false);

@@ -3,7 +3,7 @@
 use super::batch::{Row, Spans, split};
 use crate::error::Result;
 use crate::gguf::Gguf;
-use crate::kernels::ops::{self, RopeStyle, RopeTable};
+use crate::kernels::ops::{self, RopeAngles, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
 
 use super::Backend;
@@ -40,6 +40,14 @@ impl Backend for Cpu {
         let spans = Spans::of(rows);
         let tokens = Spans::stack(rows);
         let ropes = rope_bases.iter().map(|&b| spans.rope(head_dim, b)).collect();
+        Ok(CpuPass { spans, tokens, ropes })
+    }
+
+    fn begin_scaled(&self, rows: &mut [Row<'_>], ropes: &[RopeAngles<'_>]) -> Result<CpuPass> {
+        let spans = Spans::of(rows);
+        let tokens = Spans::stack(rows);
+        let positions = || spans.each().iter().flat_map(|&(_, n, pos0)| pos0..pos0 + n);
+        let ropes = ropes.iter().map(|a| RopeTable::scaled(positions(), a)).collect();
         Ok(CpuPass { spans, tokens, ropes })
     }
 
@@ -97,6 +105,11 @@ impl Backend for Cpu {
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
         ops::add_inplace(x, y);
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, b: &Vec<f32>) -> Result<()> {
+        ops::add_rows_inplace(x, b);
         Ok(())
     }
 

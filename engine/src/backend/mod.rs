@@ -14,10 +14,10 @@ mod device;
 
 pub use device::{DeviceChoice, DeviceKind};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
-use crate::kernels::ops::RopeStyle;
+use crate::kernels::ops::{RopeAngles, RopeScaling, RopeStyle};
 use batch::Row;
 
 /// The gated activation of an MLP: `gate(g) * u`.
@@ -59,6 +59,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Start a pass over `rows` (each row's tokens at positions `cache.len()..`), with
     /// rotary tables for each of `rope_bases` (`rope` picks one by index).
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<Self::Pass>;
+    /// `begin` with rotary tables that may be scaled or carry frequency factors (Llama 3's
+    /// `rope_freqs`, `rope.scaling.*`). A backend without such tables runs only plain ones.
+    fn begin_scaled(&self, rows: &mut [Row<'_>], ropes: &[RopeAngles<'_>]) -> Result<Self::Pass> {
+        if let Some(r) = ropes.iter().find(|r| r.scaling != RopeScaling::NONE || r.factors.is_some()) {
+            return Err(Error::Tensor {
+                name: "rope_freqs".into(),
+                reason: format!("this backend has no scaled rotary tables ({:?})", r.scaling),
+            });
+        }
+        let head_dim = ropes.first().map_or(0, |r| r.head_dim);
+        let bases: Vec<f32> = ropes.iter().map(|r| r.base).collect();
+        self.begin(rows, head_dim, &bases)
+    }
     /// The stacked rows' embeddings `[T][hidden]`.
     fn embed(&self, p: &Self::Pass, table: &Self::Table) -> Result<Self::Act>;
     fn scale(&self, x: &mut Self::Act, s: f32) -> Result<()>;
@@ -187,6 +200,12 @@ pub trait Backend: Send + Sync + 'static {
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// `x[t] += b` for every row `t` (the Q/K/V biases of qwen2). A backend without it
+    /// cannot run a model with biases (`ModelConfig::cuda_unsupported` keeps such models
+    /// off it).
+    fn add_bias(&self, _x: &mut Self::Act, _b: &Self::Vector) -> Result<()> {
+        Err(Error::Tensor { name: "attn_q.bias".into(), reason: "this backend has no bias add".into() })
+    }
     /// End the pass: commit every row's new positions, then final norm and output
     /// projection of the rows each `Row::logits` asks for; one logits vector per row.
     fn finish(

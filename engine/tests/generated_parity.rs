@@ -1,0 +1,160 @@
+//! The families of issue 33 (Llama 3.x, qwen2, qwen3) against llama.cpp, on the noise
+//! models `scripts/models/make-gguf` writes (tiny shapes, the families' real vocabularies):
+//! corral's CPU greedy tokens with the default batch-invariant numerics must equal
+//! llama.cpp's serial path (`llama-server -ub 1`, fixtures from
+//! `scripts/models/oracle/serial`), and a batched greedy decode must equal them too.
+//!
+//! The GGUFs are generated, not committed: `<preset>-<type>.gguf` in
+//! `$CORRAL_GENERATED_DIR` (default `<models dir>/generated`), written by
+//! `scripts/models/make-gguf DIR/<preset>-<type>.gguf --preset <preset> --type <type>`.
+//! A missing file skips the test (it prints `skipped:`) unless
+//! `CORRAL_REQUIRE_GENERATED=1`, as CI sets.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use corral_engine::gguf::Gguf;
+use corral_engine::model::{Logits, Model, Row};
+
+struct Case {
+    name: String,
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    margins: Vec<f64>,
+}
+
+fn generated_dir() -> PathBuf {
+    match std::env::var_os("CORRAL_GENERATED_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => models_dir().join("generated"),
+    }
+}
+
+/// The model, or `None` (after saying so) when it has not been generated.
+fn load(preset: &str, kind: &str) -> Option<Model> {
+    let path = generated_dir().join(format!("{preset}-{kind}.gguf"));
+    if !path.is_file() {
+        let fix = format!("scripts/models/make-gguf {} --preset {preset} --type {kind}", path.display());
+        if std::env::var("CORRAL_REQUIRE_GENERATED").as_deref() == Ok("1") {
+            panic!("{} is missing: run {fix}", path.display());
+        }
+        eprintln!("skipped: {} is missing (run {fix})", path.display());
+        return None;
+    }
+    Some(Model::load(&Gguf::open(&path).unwrap()).unwrap())
+}
+
+fn cases(preset: &str, kind: &str) -> Vec<Case> {
+    let f = fixture(&format!("serial-{preset}-{kind}.json"));
+    f["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            name: c["name"].as_str().unwrap().to_owned(),
+            prompt: ids(&c["prompt_ids"]),
+            tokens: ids(&c["tokens"]),
+            margins: c["margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap_or(f64::INFINITY)).collect(),
+        })
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
+}
+
+/// Greedy tokens after `prompt`, as many as `n`, one sequence alone.
+fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut cache = model.new_cache();
+    let mut logits = model.forward(prompt, &mut cache, Logits::Last).unwrap();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let t = argmax(&logits);
+        out.push(t);
+        if out.len() < n {
+            logits = model.forward(&[t], &mut cache, Logits::Last).unwrap();
+        }
+    }
+    out
+}
+
+/// Every case's greedy tokens equal llama.cpp's serial run, and decoding all the cases
+/// in one batch gives the same tokens again.
+fn serial_and_batched_equal_llama_cpp(preset: &str, kind: &str) {
+    let Some(model) = load(preset, kind) else { return };
+    let all = cases(preset, kind);
+    assert!(all.len() >= 4 && all.iter().all(|c| !c.tokens.is_empty()));
+    let mut failures = Vec::new();
+    for c in &all {
+        let ours = greedy(&model, &c.prompt, c.tokens.len());
+        match ours.iter().zip(&c.tokens).position(|(a, b)| a != b) {
+            None => eprintln!("{preset}-{kind} {}: {} greedy tokens match llama.cpp's serial run", c.name, ours.len()),
+            Some(i) => failures.push(format!(
+                "{preset}-{kind} {}: token {i} is {} where llama.cpp's serial run has {} (its top-2 margin there {})",
+                c.name, ours[i], c.tokens[i], c.margins[i]
+            )),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Batched: every case prefilled and decoded together, one pass per step.
+    let mut caches: Vec<_> = all.iter().map(|_| model.new_cache()).collect();
+    let mut rows: Vec<Row<'_>> = all
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(c, cache)| Row { tokens: &c.prompt, cache, logits: Logits::Last })
+        .collect();
+    let mut logits = model.forward_batch(&mut rows).unwrap();
+    drop(rows);
+    let steps = all.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); all.len()];
+    for _ in 0..steps {
+        let next: Vec<[u32; 1]> = logits.iter().map(|l| [argmax(l)]).collect();
+        for ((g, n), c) in got.iter_mut().zip(&next).zip(&all) {
+            if g.len() < c.tokens.len() {
+                g.push(n[0]);
+            }
+        }
+        let mut rows: Vec<Row<'_>> = next
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(t, cache)| Row { tokens: t, cache, logits: Logits::Last })
+            .collect();
+        logits = model.forward_batch(&mut rows).unwrap();
+    }
+    for (g, c) in got.iter().zip(&all) {
+        assert_eq!(g, &c.tokens, "{preset}-{kind} {}: batched greedy differs from the serial tokens", c.name);
+    }
+}
+
+#[test]
+fn llama3_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("llama3", "q4_0");
+}
+
+#[test]
+fn llama3_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("llama3", "q8_0");
+}
+
+// qwen2-q4_0 is not held to exactness yet: Q4_0 matmuls run on candle's kernel, not a
+// llama.cpp-faithful one, and one prompt ("code") parts from llama.cpp's serial run at
+// token 8, where llama.cpp's top-2 margin is 0.0024 (the Q8_0 file, same graph with biases
+// and YaRN, matches on every prompt). docs/engine.md, "Models".
+
+#[test]
+fn qwen2_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen2", "q8_0");
+}
+
+#[test]
+fn qwen3_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen3", "q4_0");
+}
+
+#[test]
+fn qwen3_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen3", "q8_0");
+}
