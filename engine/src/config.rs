@@ -19,10 +19,14 @@ pub enum Arch {
     /// Qwen3 (dense): llama's graph with RMSNorm on every Q and K head before RoPE, NeoX
     /// rotary pairs, and a head size of its own (`key_length`).
     Qwen3,
+    /// Mistral 3 (Ministral 3, Mistral Small 3.x, Devstral): llama's graph with YaRN read
+    /// in full (its β values and log multiplier) and Llama 4's optional attention
+    /// temperature (queries scaled by position).
+    Mistral3,
 }
 
 impl Arch {
-    const ALL: [Arch; 4] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3];
+    const ALL: [Arch; 5] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
     /// (`corral_protocol::ARCHITECTURES` lists the same names).
@@ -36,6 +40,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Mistral3 => "mistral3",
         }
     }
 
@@ -43,7 +48,7 @@ impl Arch {
     /// `llama_model_rope_type`: NORM for llama, NEOX for the Qwen and Gemma families).
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama => RopeStyle::Interleaved,
+            Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
             Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
         }
     }
@@ -67,6 +72,10 @@ pub struct ModelConfig {
     /// Context scaling of the full-attention layers' rotary angles (`rope.scaling.*`);
     /// `RopeScaling::NONE` when the file asks for none.
     pub rope_scaling: RopeScaling,
+    /// Llama 4's attention temperature (mistral3's `attention.temperature_scale`, with
+    /// YaRN's original context as the floor): queries at position `p` are multiplied by
+    /// `ln(floor(p / floor) + 1) * scale + 1`. `None` for every other model.
+    pub attn_temperature: Option<AttnTemperature>,
     /// Rotary base of sliding-window layers (Gemma 3: 10,000).
     pub rope_base_local: f32,
     /// Sliding-window size in tokens, for the layers marked in `is_swa`.
@@ -88,7 +97,7 @@ impl ModelConfig {
         let vocab = g.dims("token_embd.weight")?.first().copied().unwrap_or(0);
         let sliding_window = match arch {
             Arch::Gemma3 => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 => None,
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6),
         // unless the file states the pattern per layer.
@@ -122,7 +131,8 @@ impl ModelConfig {
             ctx_train,
             rms_eps: g.f32(&k("attention.layer_norm_rms_epsilon"))?,
             rope_base: g.opt_f32(&k("rope.freq_base")).unwrap_or(10_000.0),
-            rope_scaling: rope_scaling(g, arch_name, ctx_train)?,
+            rope_scaling: rope_scaling(g, arch, ctx_train)?,
+            attn_temperature: attn_temperature(g, arch, ctx_train)?,
             rope_base_local: g.opt_f32(&k("rope.freq_base_swa")).unwrap_or(10_000.0),
             sliding_window: sliding_window.filter(|&w| w > 0),
             is_swa,
@@ -136,9 +146,13 @@ impl ModelConfig {
     pub fn cuda_unsupported(&self) -> Option<String> {
         match self.arch {
             Arch::Qwen2 | Arch::Qwen3 => return Some(format!("{} runs on the CPU only so far", self.arch.name())),
-            Arch::Llama | Arch::Gemma3 => {}
+            Arch::Llama | Arch::Gemma3 | Arch::Mistral3 => {}
         }
-        (self.rope_scaling != RopeScaling::NONE).then(|| "rotary scaling (rope.scaling.*) runs on the CPU only so far".into())
+        if self.attn_temperature.is_some() {
+            return Some("attention temperature (attention.temperature_scale) runs on the CPU only so far".into());
+        }
+        (self.rope_scaling != RopeScaling::NONE)
+            .then(|| "rotary scaling (rope.scaling.*) runs on the CPU only so far".into())
     }
 
     fn validate(&self) -> Result<()> {
@@ -170,13 +184,15 @@ impl ModelConfig {
 
 /// llama.cpp's rotary scaling from `{arch}.rope.scaling.*`, as its context derives it
 /// (`llama_context`'s constructor): `freq_scale` = 1/factor; YaRN turns the ramp on
-/// (`ext_factor` 1) and sets the attention factor `get_mscale(factor)` divided by the
+/// (`ext_factor` 1) and sets the attention factor `get_mscale(factor)` (with a log
+/// multiplier: `get_mscale(factor, 1) / get_mscale(factor, multiplier)`) divided by the
 /// factor that `rope_yarn` multiplies back in (computed in the same f32 steps, so the
 /// product is llama.cpp's to the bit).
-fn rope_scaling(g: &Gguf, arch: &str, ctx_train: usize) -> Result<RopeScaling> {
-    let k = |suffix: &str| format!("{arch}.rope.scaling.{suffix}");
+fn rope_scaling(g: &Gguf, arch: Arch, ctx_train: usize) -> Result<RopeScaling> {
+    let name = arch.name();
+    let k = |suffix: &str| format!("{name}.rope.scaling.{suffix}");
     let kind = g.opt_str(&k("type")).unwrap_or("linear");
-    let factor = g.opt_f32(&k("factor")).or_else(|| g.opt_f32(&format!("{arch}.rope.scale_linear"))).unwrap_or(0.0);
+    let factor = g.opt_f32(&k("factor")).or_else(|| g.opt_f32(&format!("{name}.rope.scale_linear"))).unwrap_or(0.0);
     let freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
     let file_attn = g.opt_f32(&k("attn_factor")).unwrap_or(1.0);
     let n_ctx_orig = g.opt_u32(&k("original_context_length")).map_or(ctx_train, |v| v as usize);
@@ -185,23 +201,30 @@ fn rope_scaling(g: &Gguf, arch: &str, ctx_train: usize) -> Result<RopeScaling> {
         "none" => Ok(RopeScaling { attn_factor: file_attn, ..RopeScaling::NONE }),
         "linear" => Ok(plain),
         "yarn" => {
-            if g.has(&k("yarn_log_multiplier")) {
+            // llama.cpp reads the log multiplier and YaRN's β values for mistral3 (among the
+            // families here); another family's file that sets a multiplier is DeepSeek-style.
+            let log_mul = g.opt_f32(&k("yarn_log_multiplier")).unwrap_or(0.0);
+            let (mut beta_fast, mut beta_slow) = (32.0, 1.0);
+            if arch == Arch::Mistral3 {
+                beta_fast = g.opt_f32(&k("yarn_beta_fast")).unwrap_or(beta_fast);
+                beta_slow = g.opt_f32(&k("yarn_beta_slow")).unwrap_or(beta_slow);
+            } else if log_mul != 0.0 {
                 return Err(Error::Tensor {
                     name: k("yarn_log_multiplier"),
-                    reason: "YaRN with a log multiplier (DeepSeek) is not supported".into(),
+                    reason: format!("YaRN with a log multiplier is not supported in a {name} model"),
                 });
             }
             let factor = 1.0 / freq_scale;
-            // get_mscale(factor, 1), then "cancel" the factor rope_yarn applies.
-            let mscale = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
-            let attn = mscale * (1.0 / (1.0 + 0.1 * factor.ln()));
+            let mscale = |m: f32| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+            let attn = if log_mul != 0.0 { mscale(1.0) / mscale(log_mul) } else { mscale(1.0) };
+            // "Cancel" the factor rope_yarn applies.
+            let attn = attn * (1.0 / (1.0 + 0.1 * factor.ln()));
             Ok(RopeScaling {
                 freq_scale,
                 ext_factor: 1.0,
                 attn_factor: attn * file_attn,
-                // llama.cpp's defaults; it reads `yarn_beta_*` for mistral3 only.
-                beta_fast: 32.0,
-                beta_slow: 1.0,
+                beta_fast,
+                beta_slow,
                 n_ctx_orig,
             })
         }
@@ -209,9 +232,54 @@ fn rope_scaling(g: &Gguf, arch: &str, ctx_train: usize) -> Result<RopeScaling> {
     }
 }
 
+/// Llama 4's attention temperature as llama.cpp's mistral3 reads it: on when
+/// `attention.temperature_scale` is set and not 0, floored by YaRN's original context.
+fn attn_temperature(g: &Gguf, arch: Arch, ctx_train: usize) -> Result<Option<AttnTemperature>> {
+    let name = arch.name();
+    let Some(scale) = g.opt_f32(&format!("{name}.attention.temperature_scale")).filter(|&s| s != 0.0) else {
+        return Ok(None);
+    };
+    if arch != Arch::Mistral3 {
+        return Err(Error::Tensor {
+            name: format!("{name}.attention.temperature_scale"),
+            reason: format!("attention temperature is not supported in a {name} model"),
+        });
+    }
+    let floor = g.opt_u32(&format!("{name}.rope.scaling.original_context_length")).map_or(ctx_train, |v| v as usize);
+    if floor == 0 {
+        return Err(Error::Metadata { key: format!("{name}.rope.scaling.original_context_length") });
+    }
+    Ok(Some(AttnTemperature { scale, floor }))
+}
+
+/// Queries at position `p` times `ln(floor(p / floor) + 1) * scale + 1` (llama.cpp's
+/// `llm_graph_input_attn_temp`, offset 0): exactly 1 below `floor`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnTemperature {
+    pub scale: f32,
+    pub floor: usize,
+}
+
+impl AttnTemperature {
+    /// In llama.cpp's steps: the quotient and its floor in f32, the rest in f64.
+    pub fn at(&self, pos: usize) -> f32 {
+        let q = (pos as f32 / self.floor as f32).floor();
+        ((f64::from(q) + 1.0).ln() * f64::from(self.scale) + 1.0) as f32
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Arch;
+    use super::{Arch, AttnTemperature};
+
+    #[test]
+    fn attention_temperature_is_one_below_the_floor_then_grows_per_floor_step() {
+        let t = AttnTemperature { scale: 0.1, floor: 16 };
+        assert!((0..16).all(|p| t.at(p) == 1.0));
+        assert_eq!(t.at(16), (2f64.ln() * 0.1 + 1.0) as f32);
+        assert_eq!(t.at(31), t.at(16));
+        assert_eq!(t.at(47), (3f64.ln() * 0.1 + 1.0) as f32);
+    }
 
     #[test]
     fn the_protocols_architecture_list_is_exactly_the_engines() {

@@ -32,7 +32,8 @@ fn answer(gw: &Gateway, body: &Value) -> (Value, Option<String>) {
 fn schema_is_followed(gw: &Gateway, model: &str, s: &Value) {
     let (name, schema) = (s["name"].as_str().unwrap(), &s["schema"]);
     let mut body = ask(model, SYSTEM, s["prompt"].as_str().unwrap(), 200);
-    body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": true}});
+    body["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": true}});
     let (choice, warning) = answer(gw, &body);
     let what = format!("{model}/{name}");
     assert_eq!(warning, None, "{what}");

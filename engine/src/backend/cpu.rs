@@ -113,6 +113,16 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn scale_rows(&self, x: &mut Vec<f32>, s: &[f32]) -> Result<()> {
+        let width = x.len() / s.len().max(1);
+        for (row, &f) in x.chunks_exact_mut(width).zip(s) {
+            for v in row {
+                *v *= f;
+            }
+        }
+        Ok(())
+    }
+
     fn finish(
         &self,
         p: CpuPass,

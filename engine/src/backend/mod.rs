@@ -206,6 +206,14 @@ pub trait Backend: Send + Sync + 'static {
     fn add_bias(&self, _x: &mut Self::Act, _b: &Self::Vector) -> Result<()> {
         Err(Error::Tensor { name: "attn_q.bias".into(), reason: "this backend has no bias add".into() })
     }
+    /// `x[t] *= s[t]` for every row `t` (mistral3's attention temperature). A backend
+    /// without it cannot run such a model (`ModelConfig::cuda_unsupported`).
+    fn scale_rows(&self, _x: &mut Self::Act, _s: &[f32]) -> Result<()> {
+        Err(Error::Tensor {
+            name: "attention.temperature_scale".into(),
+            reason: "this backend has no row scaling".into(),
+        })
+    }
     /// End the pass: commit every row's new positions, then final norm and output
     /// projection of the rows each `Row::logits` asks for; one logits vector per row.
     fn finish(

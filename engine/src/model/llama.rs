@@ -1,6 +1,7 @@
 //! The llama graph and the families that differ from it only in data: llama (SmolLM2,
-//! Llama 2/3.x, Mistral-style GQA), qwen2 (Q/K/V biases) and qwen3 (RMSNorm on every Q
-//! and K head before RoPE, its own head size). Pre-norm blocks, RMSNorm, SwiGLU MLP;
+//! Llama 2/3.x, Mistral-style GQA), qwen2 (Q/K/V biases), qwen3 (RMSNorm on every Q
+//! and K head before RoPE, its own head size) and mistral3 (YaRN, Llama 4's optional
+//! attention temperature on the queries). Pre-norm blocks, RMSNorm, SwiGLU MLP;
 //! rotary pairs interleaved for llama (GGUF's converter permutes Q/K for it), NeoX for
 //! the Qwens; Llama 3's per-dimension `rope_freqs` and `rope.scaling.*` (linear, YaRN)
 //! shape the angles. Written once over `Backend` ops; runs on the CPU or a GPU.
@@ -41,28 +42,18 @@ pub(crate) struct Llama<B: Backend> {
 
 /// Tensors llama.cpp would use in these families that this graph has no place for: a
 /// file with one is refused rather than run without it.
-const UNUSED: &[&str] = &[
-    "attn_qkv.weight",
-    "attn_output.bias",
-    "ffn_gate.bias",
-    "ffn_up.bias",
-    "ffn_down.bias",
-    "ffn_gate_inp.weight",
-];
+const UNUSED: &[&str] =
+    &["attn_qkv.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias", "ffn_gate_inp.weight"];
 
 impl<B: Backend> Llama<B> {
     pub(crate) fn load(b: B, g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
         let (h, q, kv, ff, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim);
         // llama.cpp gives the Qwens' rope no frequency factors (it would refuse the file).
         let global: &[&str] = match cfg.arch {
-            Arch::Llama => &["output.bias", "rope_factors_long.weight"],
+            Arch::Llama | Arch::Mistral3 => &["output.bias", "rope_factors_long.weight"],
             _ => &["output.bias", "rope_factors_long.weight", "rope_freqs.weight"],
         };
-        for name in global
-            .iter()
-            .map(|s| s.to_string())
-            .chain(UNUSED.iter().map(|s| format!("blk.0.{s}")))
-        {
+        for name in global.iter().map(|s| s.to_string()).chain(UNUSED.iter().map(|s| format!("blk.0.{s}"))) {
             if g.has_tensor(&name) {
                 let reason = format!("is not supported in a {} model", cfg.arch.name());
                 return Err(Error::Tensor { name, reason });
@@ -75,7 +66,11 @@ impl<B: Backend> Llama<B> {
                     false => None,
                     true => {
                         let n = |s: &str| format!("blk.{i}.{s}.bias");
-                        Some([b.vector(g, &n("attn_q"), q)?, b.vector(g, &n("attn_k"), kv)?, b.vector(g, &n("attn_v"), kv)?])
+                        Some([
+                            b.vector(g, &n("attn_q"), q)?,
+                            b.vector(g, &n("attn_k"), kv)?,
+                            b.vector(g, &n("attn_v"), kv)?,
+                        ])
                     }
                 };
                 let qk_norm = match cfg.arch {
@@ -114,6 +109,12 @@ impl<B: Backend> Architecture for Llama<B> {
             scaling: c.rope_scaling,
             factors: self.rope_freqs.as_deref(),
         };
+        // mistral3's attention temperature: each stacked row's query factor.
+        let temperature = c.attn_temperature.map(|t| {
+            rows.iter()
+                .flat_map(|r| (r.cache.len()..r.cache.len() + r.tokens.len()).map(|pos| t.at(pos)))
+                .collect::<Vec<f32>>()
+        });
         let mut p = b.begin_scaled(rows, &[angles])?;
         let spec = AttnSpec {
             n_heads: c.n_heads,
@@ -141,7 +142,14 @@ impl<B: Backend> Architecture for Llama<B> {
                 b.rms_norm_inplace(&mut q, nq, c.rms_eps)?;
                 b.rms_norm_inplace(&mut k, nk, c.rms_eps)?;
             }
-            let o = b.rope_attend_matmul(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec, &l.wo)?;
+            let o = match &temperature {
+                None => b.rope_attend_matmul(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec, &l.wo)?,
+                Some(t) => {
+                    b.rope_qk(&p, (&mut q, &mut k), (rope.q_heads, rope.k_heads), rope.table, rope.style)?;
+                    b.scale_rows(&mut q, t)?;
+                    b.attend_matmul(&mut p, rows, il, (&q, &k, &v), &spec, &l.wo)?
+                }
+            };
             let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
             ffn_out = Some(b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?);
         }
