@@ -258,6 +258,7 @@ pub fn engine(args: EngineArgs) -> u8 {
     }
     let load_ms = engine.load_time.as_millis() as u64;
     let ctx = corral_protocol::launch::effective_ctx(args.ctx, engine.config().ctx_train);
+    engine.set_context(ctx);
     let cfg = ServerConfig {
         socket: args.socket,
         model_id: id.to_string(),

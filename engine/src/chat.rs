@@ -111,7 +111,7 @@ impl ChatTemplate {
             Some(t) if !t.trim().is_empty() => (TemplateSource::Gguf, t.to_owned()),
             _ => match arch {
                 Arch::Gemma3 => (TemplateSource::Builtin("gemma"), GEMMA_TEMPLATE.to_owned()),
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 => {
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 | Arch::Phi3 => {
                     return Err(Error::Template("the model file has no chat template and no built-in one fits".into()));
                 }
             },

@@ -23,10 +23,14 @@ pub enum Arch {
     /// in full (its β values and log multiplier) and Llama 4's optional attention
     /// temperature (queries scaled by position).
     Mistral3,
+    /// Phi-3/3.5/4 mini: llama's graph with Q, K and V fused in one `attn_qkv` and gate|up
+    /// in one `ffn_up`, NeoX pairs, LongRoPE's frequency factors (`rope_factors_long` or
+    /// `_short` by the served context), queries scaled by 1/√head_dim before attention.
+    Phi3,
 }
 
 impl Arch {
-    const ALL: [Arch; 5] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3];
+    const ALL: [Arch; 6] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3, Arch::Phi3];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
     /// (`corral_protocol::ARCHITECTURES` lists the same names).
@@ -41,6 +45,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Mistral3 => "mistral3",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -49,7 +54,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
-            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => RopeStyle::Neox,
         }
     }
 }
@@ -97,7 +102,9 @@ impl ModelConfig {
         let vocab = g.dims("token_embd.weight")?.first().copied().unwrap_or(0);
         let sliding_window = match arch {
             Arch::Gemma3 => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 => None,
+            // llama.cpp turns phi3's sliding window off (its files' windows are not
+            // trustworthy, llama.cpp PR 13676): every layer attends to the whole context.
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 | Arch::Phi3 => None,
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6),
         // unless the file states the pattern per layer.
@@ -145,7 +152,9 @@ impl ModelConfig {
     /// cannot: `Model::load_on` falls back to the CPU for `auto` and fails for `cuda:N`.
     pub fn cuda_unsupported(&self) -> Option<String> {
         match self.arch {
-            Arch::Qwen2 | Arch::Qwen3 => return Some(format!("{} runs on the CPU only so far", self.arch.name())),
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {
+                return Some(format!("{} runs on the CPU only so far", self.arch.name()));
+            }
             Arch::Llama | Arch::Gemma3 | Arch::Mistral3 => {}
         }
         if self.attn_temperature.is_some() {

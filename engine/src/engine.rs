@@ -156,6 +156,12 @@ impl Engine {
         self.model.config()
     }
 
+    /// The context the engine serves (`--ctx` within the training context): the model's
+    /// math may depend on it (phi3's LongRoPE factors).
+    pub fn set_context(&self, ctx: usize) {
+        self.model.set_context(ctx);
+    }
+
     /// What the model computes on (`/admin/stats`' `device`).
     pub fn device_stats(&self) -> corral_protocol::engine_wire::DeviceStats {
         self.model.device_stats()

@@ -256,25 +256,33 @@ impl Gguf {
         Ok((&self.map[start as usize..end as usize], info.ggml_dtype))
     }
 
+    /// Rows `rows` of a 2-D tensor (`[rows, cols]`, outermost first): their stored bytes and
+    /// format. Fused weights (phi3's `attn_qkv`, its gate|up `ffn_up`) are split this way,
+    /// each part a matrix of its own whose rows are the file's, bit for bit.
+    pub fn raw_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<(&[u8], GgmlDType)> {
+        let dims = self.dims(name)?;
+        let (bytes, dtype) = self.raw(name)?;
+        let bad = |reason: String| Error::Tensor { name: name.to_owned(), reason };
+        let [n, k] = dims[..] else { return Err(bad(format!("shape {dims:?} is not a matrix"))) };
+        if rows.start > rows.end || rows.end > n || !k.is_multiple_of(dtype.block_size()) {
+            return Err(bad(format!("rows {rows:?} of a [{n}, {k}] {dtype:?} matrix")));
+        }
+        let row = k / dtype.block_size() * dtype.type_size();
+        Ok((&bytes[rows.start * row..rows.end * row], dtype))
+    }
+
     /// A tensor in its stored (possibly quantized) format, copied into candle storage.
     pub fn qtensor(&self, name: &str) -> Result<QTensor> {
         let (bytes, dtype) = self.raw(name)?;
-        let shape = self.content.tensor_infos[name].shape.clone();
-        // candle casts the bytes to its block structs and asserts alignment (at most 4 for
-        // every ggml block). GGUF aligns data to 32, but a file may lie: copy if so, into
-        // u32s (a copy as a Vec<u8> is not aligned by contract, and an empty one's pointer
-        // is 1).
-        let copy: Vec<u32>;
-        let data = if (bytes.as_ptr() as usize).is_multiple_of(4) {
-            bytes
-        } else {
-            let mut words = vec![0u32; bytes.len().div_ceil(4)];
-            bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
-            copy = words;
-            &bytemuck::cast_slice::<u32, u8>(&copy)[..bytes.len()]
-        };
-        let storage = QStorage::from_data(Cow::Borrowed(data), &Device::Cpu, dtype)?;
-        Ok(QTensor::new(storage, shape)?)
+        qtensor_of(bytes, dtype, self.content.tensor_infos[name].shape.clone())
+    }
+
+    /// `qtensor` of rows `rows` of a matrix (`raw_rows`).
+    pub fn qtensor_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<QTensor> {
+        let k = self.dims(name)?.get(1).copied().unwrap_or(0);
+        let n = rows.len();
+        let (bytes, dtype) = self.raw_rows(name, rows)?;
+        qtensor_of(bytes, dtype, (n, k).into())
     }
 
     /// A small tensor (norm weights) as f32, dequantized if needed.
@@ -289,6 +297,24 @@ impl Gguf {
         }
         Ok(v)
     }
+}
+
+/// Stored bytes as a candle tensor. candle casts them to its block structs and asserts
+/// alignment (at most 4 for every ggml block). GGUF aligns data to 32, but a file may lie
+/// (and a row range starts anywhere): copy if so, into u32s (a copy as a Vec<u8> is not
+/// aligned by contract, and an empty one's pointer is 1).
+fn qtensor_of(bytes: &[u8], dtype: GgmlDType, shape: candle_core::Shape) -> Result<QTensor> {
+    let copy: Vec<u32>;
+    let data = if (bytes.as_ptr() as usize).is_multiple_of(4) {
+        bytes
+    } else {
+        let mut words = vec![0u32; bytes.len().div_ceil(4)];
+        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        copy = words;
+        &bytemuck::cast_slice::<u32, u8>(&copy)[..bytes.len()]
+    };
+    let storage = QStorage::from_data(Cow::Borrowed(data), &Device::Cpu, dtype)?;
+    Ok(QTensor::new(storage, shape)?)
 }
 
 /// Whether the metadata sets `general.alignment` to 0. candle's reader divides by it

@@ -1,4 +1,4 @@
-//! The families of issue 33 (Llama 3.x, qwen2, qwen3, mistral3) against llama.cpp, on the noise
+//! The families of issue 33 (Llama 3.x, qwen2, qwen3, mistral3, phi3) against llama.cpp, on the noise
 //! models `scripts/models/make-gguf` writes (tiny shapes, the families' real vocabularies):
 //! corral's CPU greedy tokens with the default batch-invariant numerics must equal
 //! llama.cpp's serial path (`llama-server -ub 1`, fixtures from
@@ -43,7 +43,10 @@ fn load(preset: &str, kind: &str) -> Option<Model> {
         eprintln!("skipped: {} is missing (run {fix})", path.display());
         return None;
     }
-    Some(Model::load(&Gguf::open(&path).unwrap()).unwrap())
+    let model = Model::load(&Gguf::open(&path).unwrap()).unwrap();
+    // The oracle's context (`-c 4096`): phi3's LongRoPE factors depend on it.
+    model.set_context(4096);
+    Some(model)
 }
 
 fn cases(preset: &str, kind: &str) -> Vec<Case> {
@@ -210,4 +213,18 @@ fn mistral3_q4_0_equals_llama_cpp_serial() {
 #[test]
 fn mistral3_q8_0_equals_llama_cpp_serial() {
     serial_and_batched_equal_llama_cpp("mistral3", "q8_0");
+}
+
+// phi3: fused Q|K|V and gate|up split by rows, LongRoPE's long factors (the preset's
+// original context is 2,048, the oracle's 4,096) with the file's attention factor, and the
+// queries scaled before attention.
+
+#[test]
+fn phi3_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("phi3", "q4_0");
+}
+
+#[test]
+fn phi3_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("phi3", "q8_0");
 }

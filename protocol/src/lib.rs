@@ -22,5 +22,5 @@ pub use error::{ApiError, ApiShape, ErrorKind, Rendered};
 
 /// The GGUF architectures (`general.architecture`) corral's engine runs: the one list the
 /// engine's loader, `/v1/models` cards, `corral fit` and `pull`'s preflight agree on.
-pub const ARCHITECTURES: [&str; 5] = ["llama", "gemma3", "qwen2", "qwen3", "mistral3"];
+pub const ARCHITECTURES: [&str; 6] = ["llama", "gemma3", "qwen2", "qwen3", "mistral3", "phi3"];
 pub use model_id::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};

@@ -1,5 +1,7 @@
 //! The CPU backend: activations are `Vec<f32>`, ops are `crate::kernels`.
 
+use std::ops::Range;
+
 use super::batch::{Row, Spans, split};
 use crate::error::Result;
 use crate::gguf::Gguf;
@@ -26,6 +28,10 @@ impl Backend for Cpu {
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
         Linear::load(g, name, in_dim, out_dim)
+    }
+
+    fn matrix_rows(&self, g: &Gguf, name: &str, in_dim: usize, n: usize, rows: Range<usize>) -> Result<Linear> {
+        Linear::load_rows(g, name, in_dim, n, rows)
     }
 
     fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {

@@ -14,6 +14,8 @@ mod device;
 
 pub use device::{DeviceChoice, DeviceKind};
 
+use std::ops::Range;
+
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
@@ -53,6 +55,19 @@ pub trait Backend: Send + Sync + 'static {
     type Pass;
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Self::Matrix>;
+    /// Rows `rows` of `name`, an `[n, in_dim]` matrix, as a matrix of their own: the parts
+    /// of a fused weight (phi3). A backend without it cannot run such a model
+    /// (`ModelConfig::cuda_unsupported`).
+    fn matrix_rows(
+        &self,
+        _g: &Gguf,
+        name: &str,
+        _in_dim: usize,
+        _n: usize,
+        _rows: Range<usize>,
+    ) -> Result<Self::Matrix> {
+        Err(Error::Tensor { name: name.into(), reason: "this backend has no fused-weight split".into() })
+    }
     fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<Self::Vector>;
     fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Self::Table>;
 

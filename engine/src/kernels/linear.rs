@@ -27,18 +27,25 @@ pub struct Linear {
 impl Linear {
     /// Load `name`, checking it is `[out_dim, in_dim]`.
     pub fn load(g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Self> {
+        Self::load_rows(g, name, in_dim, out_dim, 0..out_dim)
+    }
+
+    /// Rows `rows` of `name`, an `[n, in_dim]` matrix, as a matrix of their own (a fused
+    /// weight's part: each output row's dot product is the same as in the whole).
+    pub fn load_rows(g: &Gguf, name: &str, in_dim: usize, n: usize, rows: std::ops::Range<usize>) -> Result<Self> {
         let dims = g.dims(name)?;
-        if dims != [out_dim, in_dim] {
+        if dims != [n, in_dim] {
             return Err(Error::Tensor {
                 name: name.to_owned(),
-                reason: format!("shape {dims:?}, expected [{out_dim}, {in_dim}]"),
+                reason: format!("shape {dims:?}, expected [{n}, {in_dim}]"),
             });
         }
-        let (bytes, dtype) = g.raw(name)?;
+        let out_dim = rows.len();
+        let (bytes, dtype) = g.raw_rows(name, rows.clone())?;
         let kernel = if QuantMatMul::supports(dtype) {
             Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?)
         } else {
-            Kernel::Candle(QMatMul::from_qtensor(g.qtensor(name)?)?)
+            Kernel::Candle(QMatMul::from_qtensor(g.qtensor_rows(name, rows)?)?)
         };
         Ok(Self { kernel, in_dim, out_dim, dtype })
     }

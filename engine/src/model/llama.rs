@@ -1,10 +1,13 @@
 //! The llama graph and the families that differ from it only in data: llama (SmolLM2,
 //! Llama 2/3.x, Mistral-style GQA), qwen2 (Q/K/V biases), qwen3 (RMSNorm on every Q
 //! and K head before RoPE, its own head size) and mistral3 (YaRN, Llama 4's optional
-//! attention temperature on the queries). Pre-norm blocks, RMSNorm, SwiGLU MLP;
+//! attention temperature on the queries) and phi3 (fused Q/K/V and gate|up weights, split
+//! by rows at load; LongRoPE factors; queries scaled before attention). Pre-norm blocks, RMSNorm, SwiGLU MLP;
 //! rotary pairs interleaved for llama (GGUF's converter permutes Q/K for it), NeoX for
 //! the Qwens; Llama 3's per-dimension `rope_freqs` and `rope.scaling.*` (linear, YaRN)
 //! shape the angles. Written once over `Backend` ops; runs on the CPU or a GPU.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::batch::Row;
 use crate::backend::{Backend, Gate, Rotary};
@@ -36,24 +39,35 @@ pub(crate) struct Llama<B: Backend> {
     cfg: ModelConfig,
     ends: super::Ends<B>,
     layers: Vec<Layer<B>>,
-    /// Llama 3's per-dimension frequency factors (`rope_freqs.weight`, head_dim/2).
-    rope_freqs: Option<Vec<f32>>,
+    /// Per-dimension frequency factors (head_dim/2) for a served context within the
+    /// original one and beyond it: Llama 3's `rope_freqs.weight` for both, phi3's
+    /// LongRoPE `rope_factors_short` / `_long` (llama.cpp's `get_rope_factors`).
+    rope_factors: [Option<Vec<f32>>; 2],
+    /// The original context (`rope.scaling.original_context_length`, else the training one).
+    n_ctx_orig: usize,
+    /// Whether the served context exceeds it (`Architecture::set_context`).
+    long_context: AtomicBool,
 }
 
 /// Tensors llama.cpp would use in these families that this graph has no place for: a
 /// file with one is refused rather than run without it.
-const UNUSED: &[&str] =
-    &["attn_qkv.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias", "ffn_gate_inp.weight"];
+const UNUSED: &[&str] = &["attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias", "ffn_gate_inp.weight"];
 
 impl<B: Backend> Llama<B> {
     pub(crate) fn load(b: B, g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
         let (h, q, kv, ff, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim);
-        // llama.cpp gives the Qwens' rope no frequency factors (it would refuse the file).
+        // llama.cpp gives the Qwens' rope no frequency factors (it would refuse the file),
+        // phi3 only LongRoPE's, llama and mistral3 only `rope_freqs`; only phi3 has fused
+        // Q/K/V.
+        let phi3 = cfg.arch == Arch::Phi3;
         let global: &[&str] = match cfg.arch {
-            Arch::Llama | Arch::Mistral3 => &["output.bias", "rope_factors_long.weight"],
-            _ => &["output.bias", "rope_factors_long.weight", "rope_freqs.weight"],
+            Arch::Llama | Arch::Mistral3 => &["output.bias", "rope_factors_long.weight", "rope_factors_short.weight"],
+            Arch::Phi3 => &["output.bias", "rope_freqs.weight"],
+            _ => &["output.bias", "rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"],
         };
-        for name in global.iter().map(|s| s.to_string()).chain(UNUSED.iter().map(|s| format!("blk.0.{s}"))) {
+        let fused: &[&str] = if phi3 { &[] } else { &["attn_qkv.weight"] };
+        let per_layer = UNUSED.iter().chain(fused).map(|s| format!("blk.0.{s}"));
+        for name in global.iter().map(|s| s.to_string()).chain(per_layer) {
             if g.has_tensor(&name) {
                 let reason = format!("is not supported in a {} model", cfg.arch.name());
                 return Err(Error::Tensor { name, reason });
@@ -77,50 +91,94 @@ impl<B: Backend> Llama<B> {
                     Arch::Qwen3 => Some([b.vector(g, &n("attn_q_norm"), hd)?, b.vector(g, &n("attn_k_norm"), hd)?]),
                     _ => None,
                 };
+                // phi3's fused weights, split by rows: Q|K|V in `attn_qkv` (or separate,
+                // as llama.cpp also accepts), gate|up in `ffn_up`.
+                let [wq, wk, wv] = match g.has_tensor(&n("attn_qkv")) {
+                    true => {
+                        let (name, all) = (n("attn_qkv"), q + 2 * kv);
+                        [0..q, q..q + kv, q + kv..all].map(|r| b.matrix_rows(g, &name, h, all, r))
+                    }
+                    false => [
+                        b.matrix(g, &n("attn_q"), h, q),
+                        b.matrix(g, &n("attn_k"), h, kv),
+                        b.matrix(g, &n("attn_v"), h, kv),
+                    ],
+                };
+                let (w_gate, w_up) = match phi3 {
+                    true => (
+                        b.matrix_rows(g, &n("ffn_up"), h, 2 * ff, 0..ff)?,
+                        b.matrix_rows(g, &n("ffn_up"), h, 2 * ff, ff..2 * ff)?,
+                    ),
+                    false => (b.matrix(g, &n("ffn_gate"), h, ff)?, b.matrix(g, &n("ffn_up"), h, ff)?),
+                };
                 Ok(Layer {
                     attn_norm: b.vector(g, &n("attn_norm"), h)?,
-                    wq: b.matrix(g, &n("attn_q"), h, q)?,
-                    wk: b.matrix(g, &n("attn_k"), h, kv)?,
-                    wv: b.matrix(g, &n("attn_v"), h, kv)?,
+                    wq: wq?,
+                    wk: wk?,
+                    wv: wv?,
                     bias,
                     qk_norm,
                     wo: b.matrix(g, &n("attn_output"), q, h)?,
                     ffn_norm: b.vector(g, &n("ffn_norm"), h)?,
-                    w_gate: b.matrix(g, &n("ffn_gate"), h, ff)?,
-                    w_up: b.matrix(g, &n("ffn_up"), h, ff)?,
+                    w_gate,
+                    w_up,
                     w_down: b.matrix(g, &n("ffn_down"), ff, h)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let rope_freqs = match g.has_tensor("rope_freqs.weight") {
-            true => Some(g.f32_tensor("rope_freqs.weight", hd / 2)?),
-            false => None,
+        let factors = |name: &str| match g.has_tensor(name) {
+            true => g.f32_tensor(name, hd / 2).map(Some),
+            false => Ok(None),
         };
-        Ok(Self { ends: super::Ends::load(&b, g, cfg)?, cfg: cfg.clone(), layers, rope_freqs, b })
+        let rope_factors = match phi3 {
+            true => [factors("rope_factors_short.weight")?, factors("rope_factors_long.weight")?],
+            false => [factors("rope_freqs.weight")?, factors("rope_freqs.weight")?],
+        };
+        let key = format!("{}.rope.scaling.original_context_length", cfg.arch.name());
+        let n_ctx_orig = g.opt_u32(&key).map_or(cfg.ctx_train, |v| v as usize);
+        Ok(Self {
+            ends: super::Ends::load(&b, g, cfg)?,
+            cfg: cfg.clone(),
+            layers,
+            rope_factors,
+            n_ctx_orig,
+            long_context: AtomicBool::new(false),
+            b,
+        })
     }
 }
 
 impl<B: Backend> Architecture for Llama<B> {
+    fn set_context(&self, ctx: usize) {
+        self.long_context.store(ctx > self.n_ctx_orig, Ordering::Relaxed);
+    }
+
     fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
         let (b, c) = (&self.b, &self.cfg);
         let angles = RopeAngles {
             head_dim: c.head_dim,
             base: c.rope_base,
             scaling: c.rope_scaling,
-            factors: self.rope_freqs.as_deref(),
+            factors: self.rope_factors[usize::from(self.long_context.load(Ordering::Relaxed))].as_deref(),
         };
-        // mistral3's attention temperature: each stacked row's query factor.
-        let temperature = c.attn_temperature.map(|t| {
-            rows.iter()
-                .flat_map(|r| (r.cache.len()..r.cache.len() + r.tokens.len()).map(|pos| t.at(pos)))
-                .collect::<Vec<f32>>()
-        });
+        // Each stacked row's query factor after RoPE: mistral3's attention temperature,
+        // phi3's 1/√head_dim (llama.cpp scales its queries, then attends with scale 1).
+        let n: usize = rows.iter().map(|r| r.tokens.len()).sum();
+        let q_scale = match (c.attn_temperature, c.arch) {
+            (Some(t), _) => Some(
+                rows.iter()
+                    .flat_map(|r| (r.cache.len()..r.cache.len() + r.tokens.len()).map(|pos| t.at(pos)))
+                    .collect::<Vec<f32>>(),
+            ),
+            (None, Arch::Phi3) => Some(vec![1.0 / (c.head_dim as f32).sqrt(); n]),
+            (None, _) => None,
+        };
         let mut p = b.begin_scaled(rows, &[angles])?;
         let spec = AttnSpec {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale: if c.arch == Arch::Phi3 { 1.0 } else { 1.0 / (c.head_dim as f32).sqrt() },
             window: None,
         };
         let rope = Rotary { q_heads: c.n_heads, k_heads: c.n_kv_heads, table: 0, style: c.arch.rope_style() };
@@ -142,7 +200,7 @@ impl<B: Backend> Architecture for Llama<B> {
                 b.rms_norm_inplace(&mut q, nq, c.rms_eps)?;
                 b.rms_norm_inplace(&mut k, nk, c.rms_eps)?;
             }
-            let o = match &temperature {
+            let o = match &q_scale {
                 None => b.rope_attend_matmul(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec, &l.wo)?,
                 Some(t) => {
                     b.rope_qk(&p, (&mut q, &mut k), (rope.q_heads, rope.k_heads), rope.table, rope.style)?;

@@ -26,6 +26,10 @@ pub trait Architecture: Send + Sync {
     /// K/V, and return each row's requested logits. Rows are non-empty. On error every
     /// cache keeps its previous length.
     fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>>;
+    /// The context the model is served with, where the math depends on it (phi3's
+    /// LongRoPE factors, as llama.cpp picks them by its context size). Before any call:
+    /// a context within the model's original one.
+    fn set_context(&self, _ctx: usize) {}
 }
 
 /// A loaded model: weights, config, and the shape of its KV cache.
@@ -41,7 +45,9 @@ pub struct Model {
 
 fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Architecture>> {
     Ok(match config.arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 => Arc::new(llama::Llama::load(b, g, config)?),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 | Arch::Phi3 => {
+            Arc::new(llama::Llama::load(b, g, config)?)
+        }
         Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),
     })
 }
@@ -153,6 +159,11 @@ impl Model {
     /// Choose the kernels' arithmetic (see `Numerics`; batch-invariant by default).
     pub fn set_numerics(&mut self, n: Numerics) {
         self.numerics = n;
+    }
+
+    /// The context this model is served with (`Architecture::set_context`).
+    pub fn set_context(&self, ctx: usize) {
+        self.arch.set_context(ctx);
     }
 
     pub fn numerics(&self) -> Numerics {
