@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::kernels::ops::{RopeScaling, RopeStyle};
+use crate::kernels::rope::{RopeScaling, RopeStyle};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {

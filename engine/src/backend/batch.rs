@@ -8,7 +8,7 @@
 //! numerics every matmul row takes the one-row arithmetic, and attention reads only the
 //! row's own cache, so a row's logits are bit-identical to the same tokens run alone.
 
-use crate::kernels::ops::RopeTable;
+use crate::kernels::rope::RopeTable;
 use crate::kernels::{AttnSpec, attention_batch};
 use crate::kv::SeqCache;
 

@@ -5,7 +5,8 @@ use std::ops::Range;
 use super::batch::{Row, Spans, split};
 use crate::error::Result;
 use crate::gguf::Gguf;
-use crate::kernels::ops::{self, RopeAngles, RopeStyle, RopeTable};
+use crate::kernels::ops;
+use crate::kernels::rope::{RopeAngles, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
 
 use super::Backend;

@@ -19,7 +19,7 @@ use std::ops::Range;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
-use crate::kernels::ops::{RopeAngles, RopeScaling, RopeStyle};
+use crate::kernels::rope::{RopeAngles, RopeScaling, RopeStyle};
 use batch::Row;
 
 /// The gated activation of an MLP: `gate(g) * u`.

@@ -14,6 +14,7 @@ mod lanes;
 mod linear;
 pub mod ops;
 pub(crate) mod quant;
+pub mod rope;
 
 pub use attention::{AttnSpec, attention, attention_batch};
 pub use linear::{Embedding, Linear, forward_many};

@@ -10,7 +10,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
-use crate::kernels::ops::RopeStyle;
+use crate::kernels::rope::RopeStyle;
 use crate::model::Architecture;
 
 struct Layer<B: Backend> {

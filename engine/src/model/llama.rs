@@ -15,7 +15,7 @@ use crate::config::{Arch, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
-use crate::kernels::ops::RopeAngles;
+use crate::kernels::rope::RopeAngles;
 use crate::model::Architecture;
 
 struct Layer<B: Backend> {

@@ -26,7 +26,7 @@ use crate::backend::{Backend, DeviceKind, Gate, Rotary};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
-use crate::kernels::ops::RopeStyle;
+use crate::kernels::rope::RopeStyle;
 
 /// A GPU, shared by every model loaded on it; and one model's captured decode steps
 /// (each model loads its own `CudaBackend`).

@@ -11,7 +11,7 @@ use super::device::{Gpu, drv};
 use super::ops::RopeSpec;
 use super::programs::ATTENTION;
 use crate::error::{Error, Result};
-use crate::kernels::ops::RopeStyle;
+use crate::kernels::rope::RopeStyle;
 use crate::kv::{BLOCK_TOKENS, Mirror, SeqCache};
 
 /// Positions a mirror grows by at least.

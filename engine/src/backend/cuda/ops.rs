@@ -8,7 +8,7 @@ use super::device::{Gpu, drv};
 use super::programs::{EMBED, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
-use crate::kernels::ops::RopeStyle;
+use crate::kernels::rope::RopeStyle;
 
 /// Activation rows one GEMV launch takes (`MAXM` in `gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 8;

@@ -159,7 +159,7 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
 #[test]
 fn cuda_rope_kv_store_equals_rope_then_store() {
     use super::ops::RopeSpec;
-    use crate::kernels::ops::RopeStyle;
+    use crate::kernels::rope::RopeStyle;
     let Some(g) = gpu() else { return };
     let mut rng = rng("cuda_rope_kv_store_equals_rope_then_store");
     for (heads, kv_heads, hd, style) in

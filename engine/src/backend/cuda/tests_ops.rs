@@ -3,7 +3,8 @@
 
 use super::RopeSpec;
 use super::tests::{down, gpu, nans, randn, rel_err, rng, up};
-use crate::kernels::ops::{self, RopeStyle, RopeTable};
+use crate::kernels::ops;
+use crate::kernels::rope::{RopeStyle, RopeTable};
 
 use rand::Rng;
 

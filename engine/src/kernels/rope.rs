@@ -1,0 +1,203 @@
+//! Rotary position embedding as ggml computes it: per-pair angles by repeated f32
+//! multiplication of the base's power, optional per-dimension frequency factors (Llama
+//! 3.1's `rope_freqs`, phi3's LongRoPE), linear and YaRN context scaling (`rope_yarn`), and
+//! the rotation of interleaved (llama) or NeoX (split-half) pairs.
+
+use super::ops::by_rows;
+
+/// Which pairs of a head's dimensions rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// (0,1), (2,3), ...: llama.cpp's "normal" mode; GGUF llama weights are permuted for it.
+    Interleaved,
+    /// (i, i + d/2): GPT-NeoX style, used by Gemma.
+    Neox,
+}
+
+/// How a model stretches its rotary angles past the context it was trained for: ggml's
+/// `rope_ext` parameters (`freq_scale`, YaRN's `ext_factor`, `attn_factor`, `beta_fast`,
+/// `beta_slow` and the original context). `NONE` leaves the plain angles.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScaling {
+    /// Angles are multiplied by this (1/factor): linear and YaRN interpolation.
+    pub freq_scale: f32,
+    /// YaRN's blend of interpolated and original angles (0: off, 1: YaRN).
+    pub ext_factor: f32,
+    /// cos and sin are multiplied by this (YaRN's attention factor).
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    /// The context the model was trained for (YaRN's correction dimensions).
+    pub n_ctx_orig: usize,
+}
+
+impl RopeScaling {
+    pub const NONE: Self =
+        Self { freq_scale: 1.0, ext_factor: 0.0, attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 0 };
+}
+
+/// The angles of one rotary table: base, scaling, and per-dimension frequency factors
+/// (Llama 3's `rope_freqs`: each angle is divided by its pair's factor).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeAngles<'a> {
+    pub head_dim: usize,
+    pub base: f32,
+    pub scaling: RopeScaling,
+    pub factors: Option<&'a [f32]>,
+}
+
+/// ggml's `ggml_rope_yarn_corr_dims`: the first and last dimension YaRN blends.
+fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+    let dim = |n_rot: f32| {
+        n_dims as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln())
+    };
+    let start = dim(beta_fast).floor();
+    let end = dim(beta_slow).ceil();
+    [start.max(0.0), end.min(n_dims as f32 - 1.0)]
+}
+
+/// ggml's `rope_yarn` for the pair starting at dimension `i0`: (cos, sin) of the angle,
+/// both scaled. The blend and the magnitude factor are FMAs where ggml's x86 build
+/// contracts them (its first product of each sum).
+fn rope_yarn(theta_extrap: f32, s: &RopeScaling, corr: [f32; 2], i0: usize) -> (f32, f32) {
+    let theta_interp = s.freq_scale * theta_extrap;
+    let mut theta = theta_interp;
+    let mut mscale = s.attn_factor;
+    if s.ext_factor != 0.0 {
+        let y = ((i0 / 2) as f32 - corr[0]) / 0.001f32.max(corr[1] - corr[0]);
+        let ramp = 1.0 - y.clamp(0.0, 1.0);
+        let mix = ramp * s.ext_factor;
+        theta = theta_interp.mul_add(1.0 - mix, theta_extrap * mix);
+        mscale *= 0.1f32.mul_add((1.0 / s.freq_scale).ln(), 1.0);
+    }
+    (theta.cos() * mscale, theta.sin() * mscale)
+}
+
+/// cos/sin of every rotary angle for a run of consecutive positions.
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    pub fn new(pos0: usize, n: usize, head_dim: usize, base: f32) -> Self {
+        Self::at(pos0..pos0 + n, head_dim, base)
+    }
+
+    /// Angles for rows at arbitrary positions (the rows of a batch of sequences).
+    pub fn at(positions: impl Iterator<Item = usize>, head_dim: usize, base: f32) -> Self {
+        let half = head_dim / 2;
+        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let mut cos = Vec::with_capacity(positions.size_hint().0 * half);
+        let mut sin = Vec::with_capacity(positions.size_hint().0 * half);
+        for p in positions {
+            let mut theta = p as f32;
+            for _ in 0..half {
+                cos.push(theta.cos());
+                sin.push(theta.sin());
+                theta *= theta_scale;
+            }
+        }
+        Self { half, cos, sin }
+    }
+
+    /// `at` with scaling and frequency factors, as ggml's `ggml_rope_cache_init`: the
+    /// angle of pair `i` is `p * theta_scale^i` (by repeated multiplication), divided by
+    /// `factors[i]`, then `rope_yarn`. With `RopeScaling::NONE` and no factors every
+    /// value equals `at`'s (each extra step multiplies or divides by exactly 1).
+    pub fn scaled(positions: impl Iterator<Item = usize>, a: &RopeAngles<'_>) -> Self {
+        let half = a.head_dim / 2;
+        let theta_scale = a.base.powf(-2.0 / a.head_dim as f32);
+        let s = &a.scaling;
+        let corr = yarn_corr_dims(a.head_dim, s.n_ctx_orig, a.base, s.beta_fast, s.beta_slow);
+        let mut cos = Vec::with_capacity(positions.size_hint().0 * half);
+        let mut sin = Vec::with_capacity(positions.size_hint().0 * half);
+        for p in positions {
+            let mut theta = p as f32;
+            for i in 0..half {
+                let ff = a.factors.map_or(1.0, |f| f[i]);
+                let (c, sn) = rope_yarn(theta / ff, s, corr, 2 * i);
+                cos.push(c);
+                sin.push(sn);
+                theta *= theta_scale;
+            }
+        }
+        Self { half, cos, sin }
+    }
+
+    /// Rotate `x` laid out `[n][heads][head_dim]` in place.
+    pub fn apply(&self, x: &mut [f32], heads: usize, style: RopeStyle) {
+        let d = self.half * 2;
+        by_rows(x, heads * d, 4, |rows, t0| self.apply_rows(rows, t0, heads, style));
+    }
+
+    fn apply_rows(&self, x: &mut [f32], t0: usize, heads: usize, style: RopeStyle) {
+        let d = self.half * 2;
+        for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+            let t = t0 + t;
+            let cos = &self.cos[t * self.half..][..self.half];
+            let sin = &self.sin[t * self.half..][..self.half];
+            for head in row.chunks_exact_mut(d) {
+                match style {
+                    RopeStyle::Interleaved => {
+                        for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                            let (a, b) = (pair[0], pair[1]);
+                            pair[0] = a.mul_add(cos[i], -(b * sin[i]));
+                            pair[1] = a.mul_add(sin[i], b * cos[i]);
+                        }
+                    }
+                    RopeStyle::Neox => {
+                        let (lo, hi) = head.split_at_mut(self.half);
+                        for i in 0..self.half {
+                            let (a, b) = (lo[i], hi[i]);
+                            lo[i] = a.mul_add(cos[i], -(b * sin[i]));
+                            hi[i] = a.mul_add(sin[i], b * cos[i]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_position_zero_is_identity_and_preserves_norm() {
+        let t = RopeTable::new(0, 2, 4, 10_000.0);
+        let mut x = vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0];
+        t.apply(&mut x, 1, RopeStyle::Neox);
+        assert_eq!(&x[..4], &[1.0, 2.0, 3.0, 4.0]);
+        let n0: f32 = [1.0f32, 2.0, 3.0, 4.0].iter().map(|v| v * v).sum();
+        let n1: f32 = x[4..].iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-4);
+        // Position 1, first pair rotates by exactly 1 radian.
+        let mut y = vec![1.0, 0.0, 0.0, 0.0];
+        RopeTable::new(1, 1, 4, 10_000.0).apply(&mut y, 1, RopeStyle::Interleaved);
+        assert!((y[0] - 1f32.cos()).abs() < 1e-6 && (y[1] - 1f32.sin()).abs() < 1e-6);
+    }
+    /// Without scaling or factors the scaled table is the plain one, bit for bit (the
+    /// llama and gemma3 parity stands on it); factors divide each pair's angle; linear
+    /// scaling multiplies it; YaRN scales cos/sin by its attention factor.
+    #[test]
+    fn scaled_rope_tables() {
+        let plain = RopeTable::at(0..40, 64, 500_000.0);
+        let angles = |scaling, factors| RopeAngles { head_dim: 64, base: 500_000.0, scaling, factors };
+        let same = RopeTable::scaled(0..40, &angles(RopeScaling::NONE, None));
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&plain.cos), bits(&same.cos));
+        assert_eq!(bits(&plain.sin), bits(&same.sin));
+        let ff = vec![2.0f32; 32];
+        let t = RopeTable::scaled(7..8, &angles(RopeScaling::NONE, Some(&ff)));
+        assert_eq!(t.cos[0], 3.5f32.cos());
+        let lin = RopeScaling { freq_scale: 0.25, ..RopeScaling::NONE };
+        assert_eq!(RopeTable::scaled(8..9, &angles(lin, None)).sin[0], 2f32.sin());
+        let yarn = RopeScaling { freq_scale: 0.25, ext_factor: 1.0, n_ctx_orig: 4096, ..RopeScaling::NONE };
+        let y = RopeTable::scaled(0..1, &angles(yarn, None));
+        let m = 0.1f32.mul_add(4f32.ln(), 1.0);
+        assert!(y.cos.iter().all(|&c| c == m), "position 0: cos = the magnitude factor");
+    }
+}
