@@ -65,10 +65,15 @@ fn cases(preset: &str, kind: &str) -> Vec<Case> {
 }
 
 /// How far a top-2 margin may be from llama.cpp's. Its log-probabilities pass through an
-/// f32 softmax and log, so equal logits give margins equal to about 1e-6; Q4_0 matmuls
-/// run on candle's kernel, not llama.cpp's arithmetic, and drift up to ~0.01.
+/// f32 softmax and log, so equal logits give margins equal to about 1e-6 (Q8_0). Q4_0 and
+/// F16 matmuls run on candle's kernels, not llama.cpp's arithmetic (llama.cpp rounds the
+/// activations to f16 for an F16 weight), and drift up to ~0.01 and ~1e-3.
 fn margin_noise(kind: &str) -> f64 {
-    if kind == "q4_0" { 0.05 } else { 1e-4 }
+    match kind {
+        "q4_0" => 0.05,
+        "f16" => 5e-3,
+        _ => 1e-4,
+    }
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -227,4 +232,22 @@ fn phi3_q4_0_equals_llama_cpp_serial() {
 #[test]
 fn phi3_q8_0_equals_llama_cpp_serial() {
     serial_and_batched_equal_llama_cpp("phi3", "q8_0");
+}
+
+// F16 weights (make-gguf `--type f16`): candle's F16 matmul, not llama.cpp's arithmetic
+// yet, so held to llama.cpp's tokens and to its margins within 5e-3 (measured: 6e-4).
+
+#[test]
+fn llama3_f16_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("llama3", "f16");
+}
+
+#[test]
+fn qwen3_f16_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen3", "f16");
+}
+
+#[test]
+fn phi3_f16_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("phi3", "f16");
 }
