@@ -123,9 +123,7 @@ impl Backend for Cpu {
     fn scale_rows(&self, x: &mut Vec<f32>, s: &[f32]) -> Result<()> {
         let width = x.len() / s.len().max(1);
         for (row, &f) in x.chunks_exact_mut(width).zip(s) {
-            for v in row {
-                *v *= f;
-            }
+            ops::scale_inplace(row, f);
         }
         Ok(())
     }

@@ -1,11 +1,12 @@
 //! The llama graph and the families that differ from it only in data: llama (SmolLM2,
 //! Llama 2/3.x, Mistral-style GQA), qwen2 (Q/K/V biases), qwen3 (RMSNorm on every Q
-//! and K head before RoPE, its own head size) and mistral3 (YaRN, Llama 4's optional
+//! and K head before RoPE, its own head size), mistral3 (YaRN, Llama 4's optional
 //! attention temperature on the queries) and phi3 (fused Q/K/V and gate|up weights, split
-//! by rows at load; LongRoPE factors; queries scaled before attention). Pre-norm blocks, RMSNorm, SwiGLU MLP;
-//! rotary pairs interleaved for llama (GGUF's converter permutes Q/K for it), NeoX for
-//! the Qwens; Llama 3's per-dimension `rope_freqs` and `rope.scaling.*` (linear, YaRN)
-//! shape the angles. Written once over `Backend` ops; runs on the CPU or a GPU.
+//! by rows at load; LongRoPE factors; queries scaled before attention). Pre-norm blocks,
+//! RMSNorm, SwiGLU MLP; rotary pairs interleaved for llama and mistral3 (GGUF's converter
+//! permutes Q/K for them), NeoX for the Qwens and phi3; per-dimension frequency factors
+//! (Llama 3's `rope_freqs`, phi3's LongRoPE) and `rope.scaling.*` (linear, YaRN) shape the
+//! angles. Written once over `Backend` ops; runs on the CPU or a GPU.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -17,6 +18,14 @@ use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
 use crate::kernels::rope::RopeAngles;
 use crate::model::Architecture;
+
+/// A factor on the queries between RoPE and attention.
+enum QScale {
+    /// One per stacked row.
+    Rows(Vec<f32>),
+    /// The same for every row.
+    All(f32),
+}
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
@@ -132,7 +141,10 @@ impl<B: Backend> Llama<B> {
         };
         let rope_factors = match phi3 {
             true => [factors("rope_factors_short.weight")?, factors("rope_factors_long.weight")?],
-            false => [factors("rope_freqs.weight")?, factors("rope_freqs.weight")?],
+            false => {
+                let f = factors("rope_freqs.weight")?;
+                [f.clone(), f]
+            }
         };
         let key = format!("{}.rope.scaling.original_context_length", cfg.arch.name());
         let n_ctx_orig = g.opt_u32(&key).map_or(cfg.ctx_train, |v| v as usize);
@@ -161,16 +173,15 @@ impl<B: Backend> Architecture for Llama<B> {
             scaling: c.rope_scaling,
             factors: self.rope_factors[usize::from(self.long_context.load(Ordering::Relaxed))].as_deref(),
         };
-        // Each stacked row's query factor after RoPE: mistral3's attention temperature,
-        // phi3's 1/√head_dim (llama.cpp scales its queries, then attends with scale 1).
-        let n: usize = rows.iter().map(|r| r.tokens.len()).sum();
+        // The queries' factor after RoPE: mistral3's attention temperature (each stacked
+        // row's own), phi3's 1/√head_dim (llama.cpp scales its queries, then attends at 1).
         let q_scale = match (c.attn_temperature, c.arch) {
-            (Some(t), _) => Some(
+            (Some(t), _) => Some(QScale::Rows(
                 rows.iter()
                     .flat_map(|r| (r.cache.len()..r.cache.len() + r.tokens.len()).map(|pos| t.at(pos)))
-                    .collect::<Vec<f32>>(),
-            ),
-            (None, Arch::Phi3) => Some(vec![1.0 / (c.head_dim as f32).sqrt(); n]),
+                    .collect(),
+            )),
+            (None, Arch::Phi3) => Some(QScale::All(1.0 / (c.head_dim as f32).sqrt())),
             (None, _) => None,
         };
         let mut p = b.begin_scaled(rows, &[angles])?;
@@ -202,9 +213,12 @@ impl<B: Backend> Architecture for Llama<B> {
             }
             let o = match &q_scale {
                 None => b.rope_attend_matmul(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec, &l.wo)?,
-                Some(t) => {
+                Some(s) => {
                     b.rope_qk(&p, (&mut q, &mut k), (rope.q_heads, rope.k_heads), rope.table, rope.style)?;
-                    b.scale_rows(&mut q, t)?;
+                    match s {
+                        QScale::Rows(t) => b.scale_rows(&mut q, t)?,
+                        QScale::All(f) => b.scale(&mut q, *f)?,
+                    }
                     b.attend_matmul(&mut p, rows, il, (&q, &k, &v), &spec, &l.wo)?
                 }
             };
