@@ -5,8 +5,12 @@
 //! every tensor's byte range is checked against the real file size, so a truncated
 //! download is a typed error, never a short read or a SIGBUS while serving. Tensor bytes
 //! are copied out of the map into candle-owned storage; the map is dropped after load.
+//! Tensors of the two IQ4 types, which candle's reader does not know, are found by a
+//! scan of the header first and handed to it as Q4_0; their real type (`Stored`) and
+//! byte ranges are kept here, and only our own kernels read them.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -18,10 +22,17 @@ use memmap2::Mmap;
 
 use crate::error::{Error, Result};
 
+#[path = "gguf_stored.rs"]
+mod stored;
+pub use stored::Stored;
+use stored::own_types;
+
 pub struct Gguf {
     path: PathBuf,
     map: Mmap,
     content: Content,
+    /// The tensors of a type candle's reader does not know, with that type.
+    own: HashMap<String, Stored>,
 }
 
 impl Gguf {
@@ -46,9 +57,12 @@ impl Gguf {
         if zero_alignment(&map) {
             return Err(Error::BadGguf { path: path.to_owned(), reason: "general.alignment is 0".into() });
         }
-        let content = Content::read(&mut Cursor::new(&map[..]))
+        let own = own_types(&map);
+        let header = own.as_ref().map_or(&map[..], |(header, _)| &header[..]);
+        let content = Content::read(&mut Cursor::new(header))
             .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: crate::error::candle_message(&e) })?;
-        let gguf = Self { path: path.to_owned(), map, content };
+        let own = own.map(|(_, own)| own).unwrap_or_default();
+        let gguf = Self { path: path.to_owned(), map, content, own };
         gguf.check_tensor_ranges()?;
         Ok(gguf)
     }
@@ -64,8 +78,12 @@ impl Gguf {
         Ok(())
     }
 
+    fn stored(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Stored {
+        self.own.get(name).copied().unwrap_or(Stored::Ggml(info.ggml_dtype))
+    }
+
     fn byte_range(&self, name: &str, info: &candle_core::quantized::gguf_file::TensorInfo) -> Result<(u64, u64)> {
-        let dtype = info.ggml_dtype;
+        let dtype = self.stored(name, info);
         // Checked, zeros counted as 1: candle multiplies the dims unchecked (the element
         // count, the strides from the innermost out), so no partial product may overflow,
         // or a wrapped small size could pass the range check below.
@@ -244,8 +262,19 @@ impl Gguf {
             .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })
     }
 
-    /// A tensor's stored bytes and format.
+    /// A tensor's stored bytes and format, of a type candle reads.
     pub fn raw(&self, name: &str) -> Result<(&[u8], GgmlDType)> {
+        match self.raw_stored(name)? {
+            (bytes, Stored::Ggml(dtype)) => Ok((bytes, dtype)),
+            (_, other) => Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("{other:?}: only the CPU's own kernels read it"),
+            }),
+        }
+    }
+
+    /// A tensor's stored bytes and format, whatever the type.
+    pub fn raw_stored(&self, name: &str) -> Result<(&[u8], Stored)> {
         let info = self
             .content
             .tensor_infos
@@ -253,15 +282,26 @@ impl Gguf {
             .ok_or_else(|| Error::Tensor { name: name.to_owned(), reason: "missing".into() })?;
         let (start, end) = self.byte_range(name, info)?;
         // Ranges were validated against the map length at open.
-        Ok((&self.map[start as usize..end as usize], info.ggml_dtype))
+        Ok((&self.map[start as usize..end as usize], self.stored(name, info)))
+    }
+
+    /// `raw_rows` of a type candle reads.
+    pub fn raw_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<(&[u8], GgmlDType)> {
+        match self.raw_rows_stored(name, rows)? {
+            (bytes, Stored::Ggml(dtype)) => Ok((bytes, dtype)),
+            (_, other) => Err(Error::Tensor {
+                name: name.to_owned(),
+                reason: format!("{other:?}: only the CPU's own kernels read it"),
+            }),
+        }
     }
 
     /// Rows `rows` of a 2-D tensor (`[rows, cols]`, outermost first): their stored bytes and
     /// format. Fused weights (phi3's `attn_qkv`, its gate|up `ffn_up`) are split this way,
     /// each part a matrix of its own whose rows are the file's, bit for bit.
-    pub fn raw_rows(&self, name: &str, rows: std::ops::Range<usize>) -> Result<(&[u8], GgmlDType)> {
+    pub fn raw_rows_stored(&self, name: &str, rows: std::ops::Range<usize>) -> Result<(&[u8], Stored)> {
         let dims = self.dims(name)?;
-        let (bytes, dtype) = self.raw(name)?;
+        let (bytes, dtype) = self.raw_stored(name)?;
         let bad = |reason: String| Error::Tensor { name: name.to_owned(), reason };
         let [n, k] = dims[..] else { return Err(bad(format!("shape {dims:?} is not a matrix"))) };
         if rows.start > rows.end || rows.end > n || !k.is_multiple_of(dtype.block_size()) {

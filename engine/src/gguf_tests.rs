@@ -96,3 +96,20 @@ fn tensors_at_odd_offsets_load() {
     assert!(g.f32_tensor("empty", 0).unwrap().is_empty());
     assert_eq!(g.f32_tensor("t", 2).unwrap(), [0.0; 2]);
 }
+
+/// IQ4_NL and IQ4_XS tensors, which candle's reader refuses, open with their own type and
+/// byte ranges (18 bytes per 32 values, 136 per 256); `raw` (candle's types) refuses them.
+#[test]
+fn iq4_tensors_open_with_their_own_type() {
+    let g =
+        open("iq4", &gguf(&[("nl", &[64], 20, 0), ("xs", &[256], 23, 64), ("f", &[2], 0, 224)], &[7; 232])).unwrap();
+    let (nl, t) = g.raw_stored("nl").unwrap();
+    assert_eq!((nl.len(), t), (36, Stored::Iq4Nl));
+    let (xs, t) = g.raw_stored("xs").unwrap();
+    assert_eq!((xs.len(), t), (136, Stored::Iq4Xs));
+    assert_eq!(g.raw_stored("f").unwrap().1, Stored::Ggml(GgmlDType::F32));
+    assert!(g.raw("xs").is_err());
+    // Past the end of the file: a truncated IQ4 tensor is refused like any other.
+    let e = open("iq4-short", &gguf(&[("xs", &[512], 23, 0)], &[0; 200])).err().unwrap();
+    assert!(e.to_string().contains("xs"), "{e}");
+}

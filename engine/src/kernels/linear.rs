@@ -3,14 +3,15 @@
 //! `Linear::forward` is the matmul seam: `[m, in] x W^T -> [m, out]` on plain f32
 //! slices, dispatched per GGML type: our own llama.cpp-faithful kernels where we have
 //! them (`super::quant`), candle's `QMatMul` (its AVX2/AVX-512 and NEON vec-dot and
-//! repacked kernels) for every other format.
+//! repacked kernels) for every other format. The IQ4 types, which candle does not read,
+//! have only our kernels (and the embedding table its own row dequantization).
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use super::quant::QuantMatMul;
 use crate::error::{Error, Result};
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, Stored};
 
 enum Kernel {
     Own(QuantMatMul),
@@ -21,7 +22,7 @@ pub struct Linear {
     kernel: Kernel,
     in_dim: usize,
     out_dim: usize,
-    dtype: GgmlDType,
+    dtype: Stored,
 }
 
 impl Linear {
@@ -41,9 +42,9 @@ impl Linear {
             });
         }
         let out_dim = rows.len();
-        let (bytes, dtype) = g.raw_rows(name, rows.clone())?;
+        let (bytes, dtype) = g.raw_rows_stored(name, rows.clone())?;
         let kernel = if QuantMatMul::supports(dtype) {
-            Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?)
+            Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?.with_rows_in_file(n))
         } else {
             Kernel::Candle(QMatMul::from_qtensor(g.qtensor_rows(name, rows)?)?)
         };
@@ -58,7 +59,7 @@ impl Linear {
         self.out_dim
     }
 
-    pub fn dtype(&self) -> GgmlDType {
+    pub fn dtype(&self) -> Stored {
         self.dtype
     }
 
@@ -97,27 +98,59 @@ pub fn forward_many<const N: usize>(mats: [&Linear; N], x: &[f32], m: usize) -> 
 /// Token embedding table, looked up row by row without dequantizing the whole matrix
 /// (Gemma's 262k x 640 table would be 670 MB as f32).
 pub struct Embedding {
-    table: QTensor,
+    table: Table,
     vocab: usize,
+}
+
+enum Table {
+    Candle(QTensor),
+    /// An IQ4 table's stored rows, dequantized row by row as ggml's `get_rows` does.
+    Own {
+        bytes: Vec<u8>,
+        dtype: Stored,
+        hidden: usize,
+    },
 }
 
 impl Embedding {
     pub fn load(g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Self> {
-        let table = g.qtensor(name)?;
-        let dims = table.shape().dims().to_vec();
+        let dims = g.dims(name)?;
         if dims != [vocab, hidden] {
             return Err(Error::Tensor {
                 name: name.to_owned(),
                 reason: format!("shape {dims:?}, expected [{vocab}, {hidden}]"),
             });
         }
+        let table = match g.raw_stored(name)? {
+            (_, Stored::Ggml(_)) => Table::Candle(g.qtensor(name)?),
+            (bytes, dtype) => {
+                if !hidden.is_multiple_of(dtype.block_size()) {
+                    let reason = format!("row length {hidden} is not a multiple of {}", dtype.block_size());
+                    return Err(Error::Tensor { name: name.to_owned(), reason });
+                }
+                Table::Own { bytes: bytes.to_vec(), dtype, hidden }
+            }
+        };
         Ok(Self { table, vocab })
     }
 
     /// `[tokens.len(), hidden]`. Ids were validated against the vocabulary by the caller.
     pub fn lookup(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         debug_assert!(tokens.iter().all(|&t| (t as usize) < self.vocab));
-        let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        Ok(self.table.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
+        match &self.table {
+            Table::Candle(table) => {
+                let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
+                Ok(table.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?)
+            }
+            Table::Own { bytes, dtype, hidden } => {
+                let row = hidden / dtype.block_size() * dtype.type_size();
+                let mut out = Vec::with_capacity(tokens.len() * hidden);
+                for &t in tokens {
+                    let at = t as usize * row;
+                    out.extend(super::quant::dequantize_row(*dtype, &bytes[at..at + row]));
+                }
+                Ok(out)
+            }
+        }
     }
 }

@@ -120,7 +120,7 @@ pub(super) fn random_weights(rng: &mut StdRng, dtype: GgmlDType, n: usize, k: us
 /// reference is ggml's arithmetic written out: Q8_0 activations, exact block sums.
 pub(super) fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     if dtype != GgmlDType::Q4_0 {
-        let w = QuantMatMul::from_bytes("w", dtype, bytes, k, n).expect("cpu weights");
+        let w = QuantMatMul::from_bytes("w", crate::gguf::Stored::Ggml(dtype), bytes, k, n).expect("cpu weights");
         return w.forward(x, m);
     }
     let kb = k / 32;

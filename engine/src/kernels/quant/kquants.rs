@@ -23,8 +23,22 @@ fn at<T>(v: &[T; QK_K], i: usize) -> &[T; 32] {
     v[i..i + 32].try_into().expect("in bounds")
 }
 
-fn f16_at(b: &[u8], i: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// ggml's `get_scale_min_k4`: eight 6-bit scales and eight 6-bit minimums packed in 12
+/// bytes (Q4_K, Q5_K).
+pub(super) fn scale_min_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut scales, mut mins) = ([0u8; 8], [0u8; 8]);
+    for j in 0..8 {
+        (scales[j], mins[j]) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+        };
+    }
+    (scales, mins)
 }
 
 #[derive(Clone, Copy)]
@@ -39,16 +53,7 @@ pub(crate) struct BlockQ4K {
 
 pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
     collect_weights(bytes.chunks_exact(4 + 12 + QK_K / 2).map(|b| {
-        let s = &b[4..16];
-        let (mut scales, mut mins) = ([0u8; 8], [0u8; 8]);
-        for j in 0..8 {
-            // ggml's get_scale_min_k4: 6-bit scales and mins packed in 12 bytes.
-            (scales[j], mins[j]) = if j < 4 {
-                (s[j] & 63, s[j + 4] & 63)
-            } else {
-                ((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-            };
-        }
+        let (scales, mins) = scale_min_k4(&b[4..16]);
         let qs = &b[16..];
         let mut q = [0u8; QK_K];
         for j in 0..4 {

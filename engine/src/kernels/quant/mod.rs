@@ -6,38 +6,51 @@
 //! and token-by-token paths. These kernels reproduce ggml's x86 (AVX2) arithmetic for
 //! Q4_1 and Q8_0 weights: activations quantized to Q8_1/Q8_0 with `127/amax` and
 //! round-half-even, integer sums in eight lanes of four, one FMA per lane per block,
-//! ggml's horizontal-sum order; the same for Q5_0 against Q8_0, and Q4_K / Q6_K against
-//! Q8_K as in `kquants`. (llama.cpp's batched tinyBLAS path for Q8_0/Q5_0 performs the
+//! ggml's horizontal-sum order; the same for Q5_0 against Q8_0, Q5_1 against Q8_1
+//! and IQ4_NL against Q8_0 (`blocks32`), and Q4_K / Q6_K against Q8_K as in `kquants`,
+//! Q2_K / Q3_K / Q5_K / IQ4_XS as in `kvec`. (llama.cpp's batched tinyBLAS path for Q8_0/Q5_0 performs the
 //! same per-element arithmetic as its vec-dot, so one kernel serves every batch size.)
 //! They are written as portable loops the compiler vectorizes; formats not listed here
 //! use candle's kernels (`super::linear`).
 
 pub(crate) mod act;
+mod blocks32;
 mod cols;
 mod dot;
 pub(crate) mod isa;
 mod kquants;
 mod krows;
 mod ktile;
+mod kvec;
 mod simd;
 mod stream;
 mod tile;
 
 use candle_core::quantized::GgmlDType;
 
+use crate::gguf::Stored;
+
 use super::parallel_columns_many;
 use crate::error::{Error, Result};
 
-use act::{Q8KSign, QK, QK_K, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use act::{Q8KSign, QK, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use blocks32::{BlockIq4Nl, BlockQ5_1, Iq4NlPath};
 use dot::{BlockQ4_1, BlockQ5_0, BlockQ8_0};
 use kquants::{BlockQ4K, BlockQ6K, Q4KPath};
+use kvec::{BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ5K};
 
 enum Weights {
     Q4_1(Vec<BlockQ4_1>),
     Q5_0(Vec<BlockQ5_0>),
+    Q5_1(Vec<BlockQ5_1>),
     Q8_0(Vec<BlockQ8_0>),
+    Q2K(Vec<BlockQ2K>),
+    Q3K(Vec<BlockQ3K>),
     Q4K(Vec<BlockQ4K>),
+    Q5K(Vec<BlockQ5K>),
     Q6K(Vec<BlockQ6K>),
+    Iq4Nl(Vec<BlockIq4Nl>, Iq4NlPath),
+    Iq4Xs(Vec<BlockIq4Xs>),
 }
 
 pub(crate) struct QuantMatMul {
@@ -49,37 +62,73 @@ pub(crate) struct QuantMatMul {
 
 impl QuantMatMul {
     /// Formats with a faithful kernel here.
-    pub(crate) fn supports(dtype: GgmlDType) -> bool {
-        matches!(dtype, GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q8_0 | GgmlDType::Q4K | GgmlDType::Q6K)
+    pub(crate) fn supports(dtype: Stored) -> bool {
+        use GgmlDType::*;
+        match dtype {
+            Stored::Ggml(d) => matches!(d, Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K),
+            Stored::Iq4Nl | Stored::Iq4Xs => true,
+        }
     }
 
-    /// From the raw GGUF bytes of an `[n, k]` matrix.
-    pub(crate) fn from_bytes(name: &str, dtype: GgmlDType, bytes: &[u8], k: usize, n: usize) -> Result<Self> {
+    /// From the raw GGUF bytes of an `[n, k]` matrix. IQ4_NL takes ggml's repacked
+    /// kernel, as llama.cpp does for a matrix of 8 rows or a multiple (`rows_in_file`: a
+    /// fused matrix's part is repacked with its whole).
+    pub(crate) fn from_bytes(name: &str, dtype: Stored, bytes: &[u8], k: usize, n: usize) -> Result<Self> {
         let bad = |reason: String| Error::Tensor { name: name.to_owned(), reason };
-        let block = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) { QK_K } else { QK };
+        let block = dtype.block_size();
         if !k.is_multiple_of(block) {
             return Err(bad(format!("row length {k} is not a multiple of {block}")));
         }
         let k_blocks = k / block;
         let w = match dtype {
-            GgmlDType::Q4_1 => Weights::Q4_1(dot::parse_q4_1(bytes)),
-            GgmlDType::Q5_0 => Weights::Q5_0(dot::parse_q5_0(bytes)),
-            GgmlDType::Q8_0 => Weights::Q8_0(dot::parse_q8_0(bytes)),
-            GgmlDType::Q4K => Weights::Q4K(kquants::parse_q4_k(bytes)),
-            GgmlDType::Q6K => Weights::Q6K(kquants::parse_q6_k(bytes)),
-            other => return Err(bad(format!("no own kernel for {other:?}"))),
+            Stored::Iq4Nl => Weights::Iq4Nl(blocks32::parse_iq4_nl(bytes), Iq4NlPath::Repacked),
+            Stored::Iq4Xs => Weights::Iq4Xs(kvec::parse_iq4_xs(bytes)),
+            Stored::Ggml(dtype) => Self::parse_ggml(name, dtype, bytes)?,
         };
+
         let blocks = match &w {
             Weights::Q4_1(b) => b.len(),
             Weights::Q5_0(b) => b.len(),
+            Weights::Q5_1(b) => b.len(),
             Weights::Q8_0(b) => b.len(),
+            Weights::Q2K(b) => b.len(),
+            Weights::Q3K(b) => b.len(),
             Weights::Q4K(b) => b.len(),
+            Weights::Q5K(b) => b.len(),
             Weights::Q6K(b) => b.len(),
+            Weights::Iq4Nl(b, _) => b.len(),
+            Weights::Iq4Xs(b) => b.len(),
         };
         if blocks != k_blocks * n {
             return Err(bad(format!("{blocks} blocks, expected {}", k_blocks * n)));
         }
         Ok(Self { w, k, k_blocks, n })
+    }
+
+    fn parse_ggml(name: &str, dtype: GgmlDType, bytes: &[u8]) -> Result<Weights> {
+        Ok(match dtype {
+            GgmlDType::Q4_1 => Weights::Q4_1(dot::parse_q4_1(bytes)),
+            GgmlDType::Q5_0 => Weights::Q5_0(dot::parse_q5_0(bytes)),
+            GgmlDType::Q5_1 => Weights::Q5_1(blocks32::parse_q5_1(bytes)),
+            GgmlDType::Q8_0 => Weights::Q8_0(dot::parse_q8_0(bytes)),
+            GgmlDType::Q2K => Weights::Q2K(kvec::parse_q2_k(bytes)),
+            GgmlDType::Q3K => Weights::Q3K(kvec::parse_q3_k(bytes)),
+            GgmlDType::Q4K => Weights::Q4K(kquants::parse_q4_k(bytes)),
+            GgmlDType::Q5K => Weights::Q5K(kvec::parse_q5_k(bytes)),
+            GgmlDType::Q6K => Weights::Q6K(kquants::parse_q6_k(bytes)),
+            other => {
+                return Err(Error::Tensor { name: name.to_owned(), reason: format!("no own kernel for {other:?}") });
+            }
+        })
+    }
+
+    /// IQ4_NL in a matrix of `rows_in_file` rows: llama.cpp repacks it only where that
+    /// is a multiple of 8 (`ggml_repack_get_optimal_repack_type`), else takes its vec-dot.
+    pub(crate) fn with_rows_in_file(mut self, rows_in_file: usize) -> Self {
+        if let Weights::Iq4Nl(_, path) = &mut self.w {
+            *path = if rows_in_file.is_multiple_of(8) { Iq4NlPath::Repacked } else { Iq4NlPath::VecDot };
+        }
+        self
     }
 
     /// `x` is `[m, k]`; returns `[m, n]`.
@@ -115,12 +164,16 @@ impl QuantMatMul {
     /// The activation format (and kernel path) this matrix takes for `m` rows.
     fn acts_kind(&self, m: usize) -> ActsKind {
         match &self.w {
-            Weights::Q4_1(_) => ActsKind::Q8_1,
-            Weights::Q5_0(_) | Weights::Q8_0(_) => ActsKind::Q8_0,
+            Weights::Q4_1(_) | Weights::Q5_1(_) => ActsKind::Q8_1,
+            Weights::Q5_0(_) | Weights::Q8_0(_) | Weights::Iq4Nl(..) => ActsKind::Q8_0,
             // ggml's repacked Q4_K kernel takes rows four at a time, the remainder one by one.
             Weights::Q4K(_) => ActsKind::Q8K { grouped: if super::batched(m) { m - m % 4 } else { 0 }, tiled: false },
             // ggml takes its tiled Q6_K path from 8 rows up.
             Weights::Q6K(_) => ActsKind::Q8K { grouped: 0, tiled: m >= 8 && super::batched(m) },
+            // ggml's one-row vec-dot at every batch size (no repacked or tiled x86 kernel).
+            Weights::Q2K(_) | Weights::Q3K(_) | Weights::Q5K(_) | Weights::Iq4Xs(_) => {
+                ActsKind::Q8K { grouped: 0, tiled: false }
+            }
         }
     }
 
@@ -134,6 +187,14 @@ impl QuantMatMul {
                 self.chunk4(w, a, m, c, tile, dot::dots_q5_0(), q.as_ref().zip(tile::q5_0()))
             }
             (Weights::Q8_0(w), Acts::Q8(a, _, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0(), None),
+            (Weights::Q5_1(w), Acts::Q8(a, _, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| blocks32::q5_1_q8_1(w, a)),
+            (Weights::Q2K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q2_k_q8_k(w, a)),
+            (Weights::Q3K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q3_k_q8_k(w, a)),
+            (Weights::Q5K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q5_k_q8_k(w, a)),
+            (Weights::Iq4Xs(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::iq4_xs_q8_k(w, a)),
+            (Weights::Iq4Nl(w, path), Acts::Q8(a, _, _)) => {
+                self.chunk1(w, a, m, c, tile, |w, a, _| blocks32::iq4_nl_q8_0(w, a, *path))
+            }
             // The default: every row in the one-row arithmetic, rows grouped by four.
             (Weights::Q4K(w), Acts::Q8K(a, ActsKind::Q8K { grouped: 0, .. })) => {
                 self.chunk_k(w, a, m, c, tile, krows::dots_q4_k(), ktile::q4_k())
@@ -306,6 +367,16 @@ impl QuantMatMul {
     }
 }
 
+/// The f32 values of one stored row of a type candle does not read (an IQ4 embedding
+/// table's row).
+pub(crate) fn dequantize_row(dtype: Stored, bytes: &[u8]) -> Vec<f32> {
+    match dtype {
+        Stored::Iq4Nl => blocks32::dequantize_iq4_nl(bytes),
+        Stored::Iq4Xs => kvec::dequantize_iq4_xs(bytes),
+        Stored::Ggml(d) => unreachable!("{d:?} rows are candle's to dequantize"),
+    }
+}
+
 /// Which quantized form of the activations a matrix reads, with the kernel path chosen
 /// for the batch size (Q8_K: rows in ggml's 4-row groups, the tiled Q6_K kernel).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -383,7 +454,7 @@ mod tests {
             b
         };
         for (dtype, per) in [(GgmlDType::Q4_1, 20), (GgmlDType::Q5_0, 22), (GgmlDType::Q8_0, 34)] {
-            let w = QuantMatMul::from_bytes("w", dtype, &bytes(per, per), k, n).unwrap();
+            let w = QuantMatMul::from_bytes("w", Stored::Ggml(dtype), &bytes(per, per), k, n).unwrap();
             for m in [4, 7, 53, 106] {
                 let x: Vec<f32> = (0..m * k).map(|i| (((i * 37 + i / k * 11) % 251) as f32 - 125.0) / 29.0).collect();
                 let got = w.forward(&x, m);

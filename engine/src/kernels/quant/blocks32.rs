@@ -1,0 +1,185 @@
+//! Q5_1 and IQ4_NL weights (32-value blocks, one f16 scale) in llama.cpp's x86 (AVX2)
+//! arithmetic:
+//! - Q5_1 against Q8_1 as `ggml_vec_dot_q5_1_q8_1`: eight integer lanes a block FMA'd
+//!   with `d_w · d_a` into eight accumulators, `hsum_float_8`, plus the minimums'
+//!   `m_w · s_a` in one scalar FMA chain (Q4_1's shape with a fifth bit);
+//! - IQ4_NL against Q8_0 as ggml's repacked 8-column gemv (`gemv_q4_b32_8x8_q8_0_lut_avx`,
+//!   which llama.cpp's AVX2 build takes for every IQ4_NL matrix whose row count is a
+//!   multiple of 8): one exact integer per block, `acc = fma(isum, d_w · d_a, acc)` in a
+//!   single f32 chain per output; other matrices as `ggml_vec_dot_iq4_nl_q8_0`: even and
+//!   odd blocks FMA'd into two sets of eight lanes, added lane by lane and summed as
+//!   `hsum_float_8`, an odd last block folded in after by one scalar FMA.
+
+use half::f16;
+
+use super::act::{ActQ8, QK};
+use super::dot::{fma_lanes, hsum8};
+use super::kvec::IQ4_VALUES;
+use super::simd;
+use super::stream::{collect_weights, prefetch};
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q5_1: weight = d · q + m, q the 5-bit value (low nibbles are elements 0..16, the
+/// fifth bits in a u32).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockQ5_1 {
+    d: f32,
+    m: f32,
+    q: [u8; QK],
+}
+
+pub(crate) fn parse_q5_1(bytes: &[u8]) -> Vec<BlockQ5_1> {
+    collect_weights(bytes.chunks_exact(2 + 2 + 4 + QK / 2).map(|b| {
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        let q = std::array::from_fn(|j| {
+            let low = if j < QK / 2 { b[8 + j] & 0xf } else { b[8 + j - QK / 2] >> 4 };
+            low | ((((qh >> j) & 1) as u8) << 4)
+        });
+        BlockQ5_1 { d: f16_at(b, 0), m: f16_at(b, 2), q }
+    }))
+}
+
+pub(crate) fn q5_1_q8_1(w: &[BlockQ5_1], a: &[ActQ8]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
+        // ggml writes `summs += m * s`; GCC contracts it into one FMA.
+        summs = wb.m.mul_add(ab.s, summs);
+        fma_lanes(&mut acc, wb.d * ab.d, simd::u8_i8(&wb.q, &ab.qs));
+    }
+    hsum8(&acc) + summs
+}
+
+/// IQ4_NL: weight = d · `IQ4_VALUES[index]`, 4-bit indices (low nibbles are elements
+/// 0..16).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockIq4Nl {
+    d: f32,
+    q: [i8; QK],
+}
+
+pub(crate) fn parse_iq4_nl(bytes: &[u8]) -> Vec<BlockIq4Nl> {
+    collect_weights(bytes.chunks_exact(2 + QK / 2).map(|b| {
+        let q = std::array::from_fn(|j| {
+            let idx = if j < QK / 2 { b[2 + j] & 0xf } else { b[2 + j - QK / 2] >> 4 };
+            IQ4_VALUES[idx as usize]
+        });
+        BlockIq4Nl { d: f16_at(b, 0), q }
+    }))
+}
+
+/// The values of a row of IQ4_NL blocks, as ggml's `dequantize_row_iq4_nl`.
+pub(crate) fn dequantize_iq4_nl(bytes: &[u8]) -> Vec<f32> {
+    parse_iq4_nl(bytes).iter().flat_map(|b| b.q.map(|q| b.d * q as f32)).collect()
+}
+
+/// Which of ggml's IQ4_NL kernels a matrix goes through (see the module comment).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Iq4NlPath {
+    Repacked,
+    VecDot,
+}
+
+pub(crate) fn iq4_nl_q8_0(w: &[BlockIq4Nl], a: &[ActQ8], path: Iq4NlPath) -> f32 {
+    if path == Iq4NlPath::VecDot {
+        return iq4_nl_vec_dot(w, a);
+    }
+    let mut acc = 0.0f32;
+    for (wb, ab) in w.iter().zip(a) {
+        prefetch(wb);
+        let isum: i32 = simd::i8_i8(&wb.q, &ab.qs).iter().sum();
+        acc = (isum as f32).mul_add(wb.d * ab.d, acc);
+    }
+    acc
+}
+
+fn iq4_nl_vec_dot(w: &[BlockIq4Nl], a: &[ActQ8]) -> f32 {
+    let (mut even, mut odd) = ([0.0f32; 8], [0.0f32; 8]);
+    let pairs = w.len() / 2;
+    for (wp, ap) in w.chunks_exact(2).zip(a.chunks_exact(2)) {
+        prefetch(&wp[0]);
+        fma_lanes(&mut even, ap[0].d * wp[0].d, simd::i8_i8(&wp[0].q, &ap[0].qs));
+        fma_lanes(&mut odd, ap[1].d * wp[1].d, simd::i8_i8(&wp[1].q, &ap[1].qs));
+    }
+    let mut sum = hsum8(&std::array::from_fn(|l| even[l] + odd[l]));
+    if let (Some(wb), Some(ab)) = (w.get(2 * pairs), a.get(2 * pairs)) {
+        let isum: i32 = simd::i8_i8(&wb.q, &ab.qs).iter().sum();
+        // ggml writes `sumf += d * isum`; GCC contracts it into one FMA.
+        sum = (ab.d * wb.d).mul_add(isum as f32, sum);
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::act::{quantize_q8_0, quantize_q8_1};
+    use super::*;
+
+    fn acts() -> Vec<f32> {
+        (0..4 * QK).map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0).collect()
+    }
+
+    fn bytes(size: usize, halves: &[usize]) -> Vec<u8> {
+        let mut b: Vec<u8> = (0..4 * size).map(|i| ((i * 2654435761) >> 9) as u8).collect();
+        for blk in b.chunks_exact_mut(size) {
+            for (k, &h) in halves.iter().enumerate() {
+                blk[h..h + 2].copy_from_slice(&f16::from_f32(0.01 + 0.005 * k as f32).to_le_bytes());
+            }
+        }
+        b
+    }
+
+    /// `got` equals the plain dot product within float noise.
+    fn close(got: f32, weights: &[f32], acts: &[f32]) {
+        let want: f64 = weights.iter().zip(acts).map(|(&w, &x)| w as f64 * x as f64).sum();
+        let scale: f64 = weights.iter().zip(acts).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+        assert!((got as f64 - want).abs() <= 1e-5 * scale.max(1.0), "{got} vs {want}");
+    }
+
+    #[test]
+    fn q5_1_matches_plain_dot() {
+        let b = bytes(24, &[0, 2]);
+        let a = quantize_q8_1(&acts());
+        // Per block, d·q against the dequantized activations, then the minimum against
+        // the block's sum as ggml keeps it (`s`, rounded to f16): one extra product.
+        let mut w = Vec::new();
+        let mut x = Vec::new();
+        for (b, ab) in b.chunks_exact(24).zip(&a) {
+            let qh = u32::from_le_bytes(b[4..8].try_into().unwrap());
+            for j in 0..QK {
+                let nib = if j < 16 { b[8 + j] & 0xf } else { b[8 + j - 16] >> 4 };
+                w.push(f16_at(b, 0) * (nib as u32 | (((qh >> j) & 1) << 4)) as f32);
+                x.push(ab.qs[j] as f32 * ab.d);
+            }
+            w.push(f16_at(b, 2));
+            x.push(ab.s);
+        }
+        close(q5_1_q8_1(&parse_q5_1(&b), &a), &w, &x);
+    }
+
+    #[test]
+    fn iq4_nl_matches_plain_dot() {
+        let b = bytes(18, &[0]);
+        let a = quantize_q8_0(&acts());
+        let x: Vec<f32> = a.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d)).collect();
+        let w: Vec<f32> = b
+            .chunks_exact(18)
+            .flat_map(|b| {
+                (0..QK).map(move |j| {
+                    let idx = if j < 16 { b[2 + j] & 0xf } else { b[2 + j - 16] >> 4 };
+                    f16_at(b, 0) * IQ4_VALUES[idx as usize] as f32
+                })
+            })
+            .collect();
+        for path in [Iq4NlPath::Repacked, Iq4NlPath::VecDot] {
+            close(iq4_nl_q8_0(&parse_iq4_nl(&b), &a, path), &w, &x);
+            // An odd block count: the vec-dot's scalar last block.
+            let n = 3 * QK;
+            close(iq4_nl_q8_0(&parse_iq4_nl(&b[..3 * 18]), &a[..3], path), &w[..n], &x[..n]);
+        }
+    }
+}
