@@ -43,7 +43,7 @@ impl Linear {
         }
         let out_dim = rows.len();
         let (bytes, dtype) = g.raw_rows_stored(name, rows.clone())?;
-        let kernel = if QuantMatMul::supports(dtype) {
+        let kernel = if QuantMatMul::supports(dtype, in_dim) {
             Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?.with_rows_in_file(n))
         } else {
             Kernel::Candle(QMatMul::from_qtensor(g.qtensor_rows(name, rows)?)?)

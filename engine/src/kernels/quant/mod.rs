@@ -8,12 +8,14 @@
 //! round-half-even, integer sums in eight lanes of four, one FMA per lane per block,
 //! ggml's horizontal-sum order; the same for Q5_0 against Q8_0, Q5_1 against Q8_1
 //! and IQ4_NL against Q8_0 (`blocks32`), and Q4_K / Q6_K against Q8_K as in `kquants`,
-//! Q2_K / Q3_K / Q5_K / IQ4_XS as in `kvec`. (llama.cpp's batched tinyBLAS path for Q8_0/Q5_0 performs the
+//! Q2_K / Q3_K / Q5_K / IQ4_XS as in `kvec`; BF16 against bf16-rounded activations
+//! (`bf16`). (llama.cpp's batched tinyBLAS path for Q8_0/Q5_0 performs the
 //! same per-element arithmetic as its vec-dot, so one kernel serves every batch size.)
 //! They are written as portable loops the compiler vectorizes; formats not listed here
 //! use candle's kernels (`super::linear`).
 
 pub(crate) mod act;
+mod bf16;
 mod blocks32;
 mod cols;
 mod dot;
@@ -34,6 +36,7 @@ use super::parallel_columns_many;
 use crate::error::{Error, Result};
 
 use act::{Q8KSign, QK, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use bf16::BlockBf16;
 use blocks32::{BlockIq4Nl, BlockQ5_1, Iq4NlPath};
 use dot::{BlockQ4_1, BlockQ5_0, BlockQ8_0};
 use kquants::{BlockQ4K, BlockQ6K, Q4KPath};
@@ -51,6 +54,7 @@ enum Weights {
     Q6K(Vec<BlockQ6K>),
     Iq4Nl(Vec<BlockIq4Nl>, Iq4NlPath),
     Iq4Xs(Vec<BlockIq4Xs>),
+    Bf16(Vec<BlockBf16>),
 }
 
 pub(crate) struct QuantMatMul {
@@ -61,10 +65,12 @@ pub(crate) struct QuantMatMul {
 }
 
 impl QuantMatMul {
-    /// Formats with a faithful kernel here.
-    pub(crate) fn supports(dtype: Stored) -> bool {
+    /// Formats with a faithful kernel here, for rows of `k` values (BF16: whole steps of
+    /// the kernel only).
+    pub(crate) fn supports(dtype: Stored, k: usize) -> bool {
         use GgmlDType::*;
         match dtype {
+            Stored::Ggml(BF16) => k.is_multiple_of(bf16::STEP),
             Stored::Ggml(d) => matches!(d, Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K),
             Stored::Iq4Nl | Stored::Iq4Xs => true,
         }
@@ -75,7 +81,8 @@ impl QuantMatMul {
     /// fused matrix's part is repacked with its whole).
     pub(crate) fn from_bytes(name: &str, dtype: Stored, bytes: &[u8], k: usize, n: usize) -> Result<Self> {
         let bad = |reason: String| Error::Tensor { name: name.to_owned(), reason };
-        let block = dtype.block_size();
+        // BF16 goes in the kernel's steps of 32 values.
+        let block = if dtype == Stored::Ggml(GgmlDType::BF16) { bf16::STEP } else { dtype.block_size() };
         if !k.is_multiple_of(block) {
             return Err(bad(format!("row length {k} is not a multiple of {block}")));
         }
@@ -98,6 +105,7 @@ impl QuantMatMul {
             Weights::Q6K(b) => b.len(),
             Weights::Iq4Nl(b, _) => b.len(),
             Weights::Iq4Xs(b) => b.len(),
+            Weights::Bf16(b) => b.len(),
         };
         if blocks != k_blocks * n {
             return Err(bad(format!("{blocks} blocks, expected {}", k_blocks * n)));
@@ -108,6 +116,7 @@ impl QuantMatMul {
     fn parse_ggml(name: &str, dtype: GgmlDType, bytes: &[u8]) -> Result<Weights> {
         Ok(match dtype {
             GgmlDType::Q4_1 => Weights::Q4_1(dot::parse_q4_1(bytes)),
+            GgmlDType::BF16 => Weights::Bf16(bf16::parse_bf16(bytes)),
             GgmlDType::Q5_0 => Weights::Q5_0(dot::parse_q5_0(bytes)),
             GgmlDType::Q5_1 => Weights::Q5_1(blocks32::parse_q5_1(bytes)),
             GgmlDType::Q8_0 => Weights::Q8_0(dot::parse_q8_0(bytes)),
@@ -174,6 +183,7 @@ impl QuantMatMul {
             Weights::Q2K(_) | Weights::Q3K(_) | Weights::Q5K(_) | Weights::Iq4Xs(_) => {
                 ActsKind::Q8K { grouped: 0, tiled: false }
             }
+            Weights::Bf16(_) => ActsKind::Bf16,
         }
     }
 
@@ -192,6 +202,7 @@ impl QuantMatMul {
             (Weights::Q3K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q3_k_q8_k(w, a)),
             (Weights::Q5K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q5_k_q8_k(w, a)),
             (Weights::Iq4Xs(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::iq4_xs_q8_k(w, a)),
+            (Weights::Bf16(w), Acts::Bf16(a)) => self.chunk1(w, a, m, c, tile, |w, a, _| bf16::bf16_dot(w, a)),
             (Weights::Iq4Nl(w, path), Acts::Q8(a, _, _)) => {
                 self.chunk1(w, a, m, c, tile, |w, a, _| blocks32::iq4_nl_q8_0(w, a, *path))
             }
@@ -384,12 +395,14 @@ enum ActsKind {
     Q8_0,
     Q8_1,
     Q8K { grouped: usize, tiled: bool },
+    Bf16,
 }
 
 enum Acts {
     /// With the rows' scales laid out for the tile kernels where they run.
     Q8(Vec<act::ActQ8>, ActsKind, Option<tile::Quads>),
     Q8K(Vec<act::ActQ8K>, ActsKind),
+    Bf16(Vec<[f32; bf16::STEP]>),
 }
 
 impl Acts {
@@ -401,12 +414,14 @@ impl Acts {
                 Acts::Q8(a, kind, quads)
             }
             ActsKind::Q8K { grouped, .. } => Acts::Q8K(q8k_rows_for_q4k(x, m, grouped), kind),
+            ActsKind::Bf16 => Acts::Bf16(bf16::acts_bf16(x)),
         }
     }
 
     fn kind(&self) -> ActsKind {
         match self {
             Acts::Q8(_, k, _) | Acts::Q8K(_, k) => *k,
+            Acts::Bf16(_) => ActsKind::Bf16,
         }
     }
 }
