@@ -44,14 +44,15 @@ fn cuda_rope_matches_cpu() {
             RopeTable::at(pos.iter().copied(), head_dim, base).apply(&mut want, heads, style);
             let mut xd = up(g, &x);
             let pd = up(g, &pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
-            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope");
+            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style, scaled: None }).expect("rope");
             let op = format!("rope {style:?} rows={rows} heads={heads} d={head_dim}");
             rel_err(&op, &down(g, &xd), &want, ROPE_BOUND);
             // Queries and keys in one launch: bit for bit the two launches.
             let k = randn(&mut rng, rows * 2 * head_dim, 3.0);
             let (mut qd, mut kd, mut k_alone) = (up(g, &x), up(g, &k), up(g, &k));
-            g.rope_qk((&mut qd, &mut kd), 2, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope_qk");
-            g.rope(&mut k_alone, &pd, RopeSpec { heads: 2, head_dim, base, style }).expect("rope");
+            g.rope_qk((&mut qd, &mut kd), 2, &pd, RopeSpec { heads, head_dim, base, style, scaled: None })
+                .expect("rope_qk");
+            g.rope(&mut k_alone, &pd, RopeSpec { heads: 2, head_dim, base, style, scaled: None }).expect("rope");
             let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
             assert_eq!(bits(down(g, &qd)), bits(down(g, &xd)), "{op}: rope_qk queries");
             assert_eq!(bits(down(g, &kd)), bits(down(g, &k_alone)), "{op}: rope_qk keys");
