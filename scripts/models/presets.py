@@ -1,0 +1,82 @@
+"""make-gguf's presets: the shapes and the rotary/vocabulary settings of each noise model
+(imported by scripts/models/make-gguf; `make-gguf --list` prints them).
+
+llama `tiny`, `smol` (SmolLM2-135M shapes), `1b`, `8b` (a SentencePiece filler vocabulary);
+gemma3 `gtiny` (6 layers: five sliding-window, one global) and `g270m` (Gemma 3 270M shapes,
+its 262,144-token vocabulary).
+
+The families of issue 33, tiny (2 layers, hidden 256), each with its family's real tokenizer
+vocabulary (a llama.cpp vocab-only file, named by `vocab`):
+  `llama3`   Llama 3.1's rope_freqs (factor 8, low/high 1/4, original context 8192, as
+             convert_hf_to_gguf computes them), tied embeddings (3.2), llama-bpe;
+  `qwen2`    Q/K/V biases, YaRN factor 4 (original 32,768), an output matrix, qwen2;
+  `qwen3`    Q and K head norms, head size 128 (key_length != hidden/heads), tied, qwen2;
+  `mistral3` YaRN 16 with β 32/1 and log multiplier 1, attention temperature 0.1 over an
+             original context of 16 (so it acts within a prompt), tied, llama-bpe
+             (llama.cpp has no vocab-only tekken file);
+  `phi3`     fused attn_qkv and gate|up ffn_up, LongRoPE factors with an original context
+             of 2,048 (a 4,096 context takes the long ones), attn_factor 1.19, a sliding
+             window llama.cpp ignores, phi-3.
+
+The same families at the shapes of the released models people download, `<family>-<size>`
+(values from each model's config.json; the weights are noise, so only shapes, rotary
+settings and vocabulary matter):
+  `llama3-1b`    Llama 3.2 1B: rope_freqs factor 32, low/high 1/4, original context 8192;
+                 tied;
+  `qwen2-0.5b`   Qwen2.5 0.5B: Q/K/V biases, no rotary scaling, tied;
+  `qwen3-0.6b`   Qwen3 0.6B: head size 128, tied;
+  `qwen3-8b`     Qwen3 8B: head size 128, an output matrix;
+  `mistral3-3b`  Ministral 3 3B: head size 128 (hidden/heads is 96), YaRN 16 over an
+                 original context of 16,384 with β 32/1 and log multiplier 1, attention
+                 temperature 0.1 (its floor scale the original context), tied, llama-bpe
+                 standing in for tekken;
+  `phi3-mini`    Phi-3 mini 128k: LongRoPE over an original context of 4,096 (so the
+                 oracle's 4,096 context takes the short factors), attn_factor 1.19.
+"""
+
+PRESETS = {
+    "tiny": dict(arch="llama", hidden=256, layers=2, heads=8, kv_heads=2, ffn=512, vocab=32000, rope=10000.0),
+    "smol": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, vocab=49152, rope=100000.0),
+    "1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=32000, rope=500000.0),
+    "8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=32000, rope=500000.0),
+    "gtiny": dict(arch="gemma3", hidden=256, layers=6, heads=4, kv_heads=1, head_dim=128, ffn=512, vocab=32000,
+                  window=128),
+    "g270m": dict(arch="gemma3", hidden=640, layers=18, heads=4, kv_heads=1, head_dim=256, ffn=2048, vocab=262144,
+                  window=512),
+    "llama3": dict(arch="llama", hidden=256, layers=2, heads=8, kv_heads=2, ffn=512, vocab="llama-bpe", rope=500000.0,
+                   ctx=131072, rope_freqs=(8.0, 1.0, 4.0, 8192), tied=True),
+    "qwen2": dict(arch="qwen2", hidden=256, layers=2, heads=4, kv_heads=2, ffn=512, vocab="qwen2", rope=1e6, ctx=32768,
+                  bias=True, scaling=("yarn", 4.0, 32768)),
+    "qwen3": dict(arch="qwen3", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512, vocab="qwen2",
+                  rope=1e6, ctx=40960, tied=True),
+    "mistral3": dict(arch="mistral3", hidden=256, layers=2, heads=8, kv_heads=2, ffn=512, vocab="llama-bpe",
+                     rope=1e6, ctx=262144, tied=True, scaling=("yarn", 16.0, 16), yarn_extra=(32.0, 1.0, 1.0),
+                     temperature=0.1),
+    "phi3": dict(arch="phi3", hidden=256, layers=2, heads=8, kv_heads=2, ffn=512, vocab="phi-3", rope=10000.0,
+                 ctx=131072, longrope=(2048, 1.19), window=64),
+    "llama3-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab="llama-bpe",
+                      rope=500000.0, ctx=131072, rope_freqs=(32.0, 1.0, 4.0, 8192), tied=True),
+    "qwen2-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab="qwen2", rope=1e6,
+                       ctx=32768, bias=True, tied=True),
+    "qwen3-0.6b": dict(arch="qwen3", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072,
+                       vocab="qwen2", rope=1e6, ctx=40960, tied=True),
+    "qwen3-8b": dict(arch="qwen3", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                     vocab="qwen2", rope=1e6, ctx=40960),
+    "mistral3-3b": dict(arch="mistral3", hidden=3072, layers=26, heads=32, kv_heads=8, head_dim=128, ffn=9216,
+                        vocab="llama-bpe", rope=1e6, ctx=262144, tied=True, scaling=("yarn", 16.0, 16384),
+                        yarn_extra=(32.0, 1.0, 1.0), temperature=0.1),
+    "phi3-mini": dict(arch="phi3", hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, vocab="phi-3",
+                      rope=10000.0, ctx=131072, longrope=(4096, 1.19), window=262144),
+}
+
+# Token counts of the real vocabularies (for --list, which needs no vocab file).
+VOCAB_SIZES = {"llama-bpe": 128256, "qwen2": 151936, "phi-3": 32064}
+
+
+def params(p):
+    H, L, F, NH, NKV = p["hidden"], p["layers"], p["ffn"], p["heads"], p["kv_heads"]
+    V = p["vocab"] if isinstance(p["vocab"], int) else VOCAB_SIZES.get(p["vocab"], 0)
+    HD = p.get("head_dim", H // NH)
+    per_layer = H * NH * HD * 2 + 2 * H * NKV * HD + 3 * H * F
+    tied = p["arch"] == "gemma3" or p.get("tied", False)
+    return V * H * (1 if tied else 2) + L * per_layer
