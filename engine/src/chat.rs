@@ -1,29 +1,13 @@
 //! Chat templates: the model's own Jinja template (`tokenizer.chat_template`) rendered
 //! with minijinja the way Hugging Face and llama.cpp's server render it (trim/lstrip
 //! blocks, Python string methods, `raise_exception`), or, for a file without one, a
-//! built-in template for its architecture, as llama.cpp and Ollama do.
+//! built-in template for its family (`builtin_templates`), as llama.cpp and Ollama do.
 
 use minijinja::{Environment, ErrorKind, Value, context};
 use serde::Serialize;
 
-use crate::config::Arch;
+use crate::builtin_templates::Builtin;
 use crate::error::{Error, Result};
-
-/// Gemma's turn format, as llama.cpp's built-in `gemma` template: system text is merged
-/// into the first user turn, `assistant` is called `model`, contents are trimmed.
-const GEMMA_TEMPLATE: &str = concat!(
-    "{%- set ns = namespace(system='') -%}",
-    "{%- for m in messages -%}",
-    "{%- if m.role == 'system' -%}{%- set ns.system = ns.system + (m.content | trim) -%}",
-    "{%- else -%}",
-    "{%- set role = 'model' if m.role == 'assistant' else m.role -%}",
-    "{{ '<start_of_turn>' + role + '\\n' }}",
-    "{%- if ns.system and role != 'model' -%}{{ ns.system + '\\n\\n' }}{%- set ns.system = '' -%}{%- endif -%}",
-    "{{ (m.content | trim) + '<end_of_turn>\\n' }}",
-    "{%- endif -%}",
-    "{%- endfor -%}",
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}",
-);
 
 /// Rendering budget: a template that loops forever fails instead of hanging a request.
 const FUEL: u64 = 2_000_000;
@@ -99,22 +83,21 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// `gguf_template` is the file's `tokenizer.chat_template`, if any.
+    /// `gguf_template` is the file's `tokenizer.chat_template`, if any; `builtin` the
+    /// family's format for a file without one (`builtin_templates::choose`).
     pub fn new(
         gguf_template: Option<&str>,
-        arch: Arch,
+        builtin: Option<Builtin>,
         bos: &str,
         eos: &str,
         tokenizer_adds_bos: bool,
     ) -> Result<Self> {
-        let (source, text) = match gguf_template {
-            Some(t) if !t.trim().is_empty() => (TemplateSource::Gguf, t.to_owned()),
-            _ => match arch {
-                Arch::Gemma3 => (TemplateSource::Builtin("gemma"), GEMMA_TEMPLATE.to_owned()),
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 | Arch::Phi3 => {
-                    return Err(Error::Template("the model file has no chat template and no built-in one fits".into()));
-                }
-            },
+        let (source, text) = match (gguf_template, builtin) {
+            (Some(t), _) if !t.trim().is_empty() => (TemplateSource::Gguf, t.to_owned()),
+            (_, Some(b)) => (TemplateSource::Builtin(b.name), b.text.to_owned()),
+            (_, None) => {
+                return Err(Error::Template("the model file has no chat template and no built-in one fits".into()));
+            }
         };
         let mut env = Environment::new();
         env.set_trim_blocks(true);
@@ -131,7 +114,7 @@ impl ChatTemplate {
 
     /// A template given on the command line, replacing the model's.
     pub fn from_file_text(text: &str, bos: &str, eos: &str, tokenizer_adds_bos: bool) -> Result<Self> {
-        let mut t = Self::new(Some(text), Arch::Llama, bos, eos, tokenizer_adds_bos)?;
+        let mut t = Self::new(Some(text), None, bos, eos, tokenizer_adds_bos)?;
         t.source = TemplateSource::File;
         Ok(t)
     }
@@ -217,7 +200,7 @@ mod tests {
 
     #[test]
     fn renders_gguf_template() {
-        let t = ChatTemplate::new(Some(CHATML), Arch::Llama, "<s>", "</s>", false).unwrap();
+        let t = ChatTemplate::new(Some(CHATML), None, "<s>", "</s>", false).unwrap();
         let out = t.render(&msgs()[1..2], None, true).unwrap();
         assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
         assert_eq!(t.source(), &TemplateSource::Gguf);
@@ -225,7 +208,14 @@ mod tests {
 
     #[test]
     fn builtin_gemma_matches_llama_cpp_format() {
-        let t = ChatTemplate::new(None, Arch::Gemma3, "<bos>", "<eos>", true).unwrap();
+        let t = ChatTemplate::new(
+            None,
+            crate::builtin_templates::choose(crate::config::Arch::Gemma3, |_| false),
+            "<bos>",
+            "<eos>",
+            true,
+        )
+        .unwrap();
         let out = t.render(&msgs(), None, true).unwrap();
         assert_eq!(
             out,
@@ -236,36 +226,33 @@ mod tests {
 
     #[test]
     fn template_errors_are_clear() {
-        let bad = ChatTemplate::new(Some("{% for x in %}"), Arch::Llama, "", "", false);
+        let bad = ChatTemplate::new(Some("{% for x in %}"), None, "", "", false);
         assert!(matches!(bad, Err(Error::Template(_))));
         let raising =
-            ChatTemplate::new(Some("{{ raise_exception('roles must alternate') }}"), Arch::Llama, "", "", false)
-                .unwrap();
+            ChatTemplate::new(Some("{{ raise_exception('roles must alternate') }}"), None, "", "", false).unwrap();
         let err = raising.render(&msgs(), None, true).unwrap_err().to_string();
         assert!(err.contains("roles must alternate"), "{err}");
         let looping =
-            ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"), Arch::Llama, "", "", false)
-                .unwrap();
+            ChatTemplate::new(Some("{% for i in range(100000000) %}{{ i }}{% endfor %}"), None, "", "", false).unwrap();
         assert!(looping.render(&msgs(), None, true).is_err(), "fuel limit stops runaway templates");
         // Few instructions, huge output: every `i * j` repeats a digit up to 99,999 times.
         let wide = "{% for i in range~(100000) %}{% for j in range(100000) %}{{ i * j }}{% endfor %}{% endfor %}";
-        let wide = ChatTemplate::new(Some(wide), Arch::Llama, "", "", false).unwrap();
+        let wide = ChatTemplate::new(Some(wide), None, "", "", false).unwrap();
         let err = wide.render(&msgs(), None, true).unwrap_err().to_string();
         assert!(err.contains("longer than 64 MiB"), "{err}");
-        assert!(ChatTemplate::new(None, Arch::Llama, "", "", false).is_err());
+        assert!(ChatTemplate::new(None, None, "", "", false).is_err());
     }
 
     #[test]
     fn template_bos_is_dropped_when_tokenizer_adds_it() {
-        let t =
-            ChatTemplate::new(Some("{{ bos_token }}{{ messages[0].content }}"), Arch::Llama, "<s>", "", true).unwrap();
+        let t = ChatTemplate::new(Some("{{ bos_token }}{{ messages[0].content }}"), None, "<s>", "", true).unwrap();
         assert_eq!(t.render(&msgs()[1..2], None, false).unwrap(), "Hi");
     }
 
     #[test]
     fn template_kwargs_reach_the_template_but_never_replace_the_conversation() {
         let src = "{% if enable_thinking %}T{% else %}F{% endif %}{{ messages[0].content }}";
-        let t = ChatTemplate::new(Some(src), Arch::Llama, "", "", false).unwrap();
+        let t = ChatTemplate::new(Some(src), None, "", "", false).unwrap();
         let mut kw = serde_json::Map::new();
         kw.insert("enable_thinking".into(), true.into());
         kw.insert("messages".into(), serde_json::json!([{"role": "user", "content": "X"}]));
@@ -275,8 +262,7 @@ mod tests {
 
     #[test]
     fn python_string_methods_work() {
-        let t =
-            ChatTemplate::new(Some("{{ messages[0].content.strip().upper() }}"), Arch::Llama, "", "", false).unwrap();
+        let t = ChatTemplate::new(Some("{{ messages[0].content.strip().upper() }}"), None, "", "", false).unwrap();
         assert_eq!(t.render(&msgs()[..1], None, false).unwrap(), "BE BRIEF.");
     }
 }

@@ -148,22 +148,6 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// Why the CUDA backend cannot run this model (it has none of these ops yet), if it
-    /// cannot: `Model::load_on` falls back to the CPU for `auto` and fails for `cuda:N`.
-    pub fn cuda_unsupported(&self) -> Option<String> {
-        match self.arch {
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => {
-                return Some(format!("{} runs on the CPU only so far", self.arch.name()));
-            }
-            Arch::Llama | Arch::Gemma3 | Arch::Mistral3 => {}
-        }
-        if self.attn_temperature.is_some() {
-            return Some("attention temperature (attention.temperature_scale) runs on the CPU only so far".into());
-        }
-        (self.rope_scaling != RopeScaling::NONE)
-            .then(|| "rotary scaling (rope.scaling.*) runs on the CPU only so far".into())
-    }
-
     fn validate(&self) -> Result<()> {
         let bad = |key: &str| Err(Error::Metadata { key: key.to_owned() });
         if self.n_layers == 0 || self.n_layers > 1024 {

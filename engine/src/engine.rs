@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::backend::DeviceChoice;
+use crate::builtin_templates;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -94,7 +95,8 @@ impl Engine {
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_owned();
         let (bos, eos) = (text(tokenizer.bos()), text(tokenizer.eos()));
         let gguf_template = g.opt_str("tokenizer.chat_template");
-        let template = match ChatTemplate::new(gguf_template, model.config().arch, &bos, &eos, tokenizer.add_bos()) {
+        let builtin = builtin_templates::choose(model.config().arch, |t| tokenizer.token_id(t).is_some());
+        let template = match ChatTemplate::new(gguf_template, builtin, &bos, &eos, tokenizer.add_bos()) {
             Ok(t) => {
                 if gguf_template.is_none() {
                     tracing::info!(arch = model.config().arch.name(), source = ?t.source(), "model file has no chat template; using the built-in one");

@@ -6,6 +6,7 @@
 //! the process boundary is the crash boundary.
 
 pub mod backend;
+pub mod builtin_templates;
 pub mod cache;
 pub mod chat;
 pub mod config;

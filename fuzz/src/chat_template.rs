@@ -9,6 +9,7 @@
 //! (seed `wide-output`). Strings built up in variables are not bounded: docs/reliability.md,
 //! "Known limit".
 
+use corral_engine::builtin_templates;
 use corral_engine::chat::{ChatMessage, ChatTemplate};
 use corral_engine::config::Arch;
 use serde_json::json;
@@ -39,8 +40,10 @@ pub fn chat_template(data: &[u8]) {
         None => (rest, &[][..]),
     };
     let src = String::from_utf8_lossy(src);
-    let arch = if flags & 1 != 0 { Arch::Gemma3 } else { Arch::Llama };
-    let Ok(t) = ChatTemplate::new(Some(&src), arch, "<s>", "</s>", flags & 2 != 0) else { return };
+    // An empty source takes a family's built-in template.
+    let arch = if flags & 1 != 0 { Arch::Gemma3 } else { Arch::Mistral3 };
+    let builtin = builtin_templates::choose(arch, |_| false);
+    let Ok(t) = ChatTemplate::new(Some(&src), builtin, "<s>", "</s>", flags & 2 != 0) else { return };
     let msgs = messages(flags, rest);
     let tools = (flags & 4 != 0).then(|| {
         json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",

@@ -10,7 +10,6 @@
 use std::sync::OnceLock;
 
 use corral_engine::chat::ChatTemplate;
-use corral_engine::config::Arch;
 use corral_engine::server::fuzzing::{self, Api, Model};
 use corral_engine::tools::format::{Syntax, ToolFormat};
 use corral_protocol::ApiShape;
@@ -30,9 +29,7 @@ const TOOLS_TEMPLATE: &str = concat!(
 
 fn template() -> &'static ChatTemplate {
     static T: OnceLock<ChatTemplate> = OnceLock::new();
-    T.get_or_init(|| {
-        ChatTemplate::new(Some(TOOLS_TEMPLATE), Arch::Llama, "<s>", "</s>", true).expect("the template compiles")
-    })
+    T.get_or_init(|| ChatTemplate::new(Some(TOOLS_TEMPLATE), None, "<s>", "</s>", true).expect("the template compiles"))
 }
 
 /// The tool-call format a selector byte picks: corral's fallback or a native one.

@@ -3,6 +3,7 @@
 use std::ops::Range;
 
 use super::batch::{Row, Spans, split};
+use crate::config::AttnTemperature;
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::ops;
@@ -120,10 +121,11 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn scale_rows(&self, x: &mut Vec<f32>, s: &[f32]) -> Result<()> {
-        let width = x.len() / s.len().max(1);
-        for (row, &f) in x.chunks_exact_mut(width).zip(s) {
-            ops::scale_inplace(row, f);
+    fn temperature(&self, p: &CpuPass, x: &mut Vec<f32>, t: AttnTemperature) -> Result<()> {
+        let positions = p.spans.each().iter().flat_map(|&(_, n, pos0)| pos0..pos0 + n);
+        let width = x.len() / p.tokens.len().max(1);
+        for (row, pos) in x.chunks_exact_mut(width).zip(positions) {
+            ops::scale_inplace(row, t.at(pos));
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ pub use device::{DeviceChoice, DeviceKind};
 
 use std::ops::Range;
 
+use crate::config::AttnTemperature;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
@@ -56,18 +57,8 @@ pub trait Backend: Send + Sync + 'static {
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Self::Matrix>;
     /// Rows `rows` of `name`, an `[n, in_dim]` matrix, as a matrix of their own: the parts
-    /// of a fused weight (phi3). A backend without it cannot run such a model
-    /// (`ModelConfig::cuda_unsupported`).
-    fn matrix_rows(
-        &self,
-        _g: &Gguf,
-        name: &str,
-        _in_dim: usize,
-        _n: usize,
-        _rows: Range<usize>,
-    ) -> Result<Self::Matrix> {
-        Err(Error::Tensor { name: name.into(), reason: "this backend has no fused-weight split".into() })
-    }
+    /// of a fused weight (phi3).
+    fn matrix_rows(&self, g: &Gguf, name: &str, in_dim: usize, n: usize, rows: Range<usize>) -> Result<Self::Matrix>;
     fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<Self::Vector>;
     fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Self::Table>;
 
@@ -215,20 +206,11 @@ pub trait Backend: Send + Sync + 'static {
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
-    /// `x[t] += b` for every row `t` (the Q/K/V biases of qwen2). A backend without it
-    /// cannot run a model with biases (`ModelConfig::cuda_unsupported` keeps such models
-    /// off it).
-    fn add_bias(&self, _x: &mut Self::Act, _b: &Self::Vector) -> Result<()> {
-        Err(Error::Tensor { name: "attn_q.bias".into(), reason: "this backend has no bias add".into() })
-    }
-    /// `x[t] *= s[t]` for every row `t` (mistral3's attention temperature). A backend
-    /// without it cannot run such a model (`ModelConfig::cuda_unsupported`).
-    fn scale_rows(&self, _x: &mut Self::Act, _s: &[f32]) -> Result<()> {
-        Err(Error::Tensor {
-            name: "attention.temperature_scale".into(),
-            reason: "this backend has no row scaling".into(),
-        })
-    }
+    /// `x[t] += b` for every row `t` (the Q/K/V biases of qwen2).
+    fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<()>;
+    /// Each stacked row of `x` times the attention temperature at its position (mistral3's
+    /// queries, `AttnTemperature::at`).
+    fn temperature(&self, p: &Self::Pass, x: &mut Self::Act, t: AttnTemperature) -> Result<()>;
     /// End the pass: commit every row's new positions, then final norm and output
     /// projection of the rows each `Row::logits` asks for; one logits vector per row.
     fn finish(

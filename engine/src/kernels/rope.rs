@@ -56,21 +56,64 @@ fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, b
     [start.max(0.0), end.min(n_dims as f32 - 1.0)]
 }
 
-/// ggml's `rope_yarn` for the pair starting at dimension `i0`: (cos, sin) of the angle,
-/// both scaled. The blend and the magnitude factor are FMAs where ggml's x86 build
-/// contracts them (its first product of each sum).
-fn rope_yarn(theta_extrap: f32, s: &RopeScaling, corr: [f32; 2], i0: usize) -> (f32, f32) {
-    let theta_interp = s.freq_scale * theta_extrap;
-    let mut theta = theta_interp;
-    let mut mscale = s.attn_factor;
-    if s.ext_factor != 0.0 {
-        let y = ((i0 / 2) as f32 - corr[0]) / 0.001f32.max(corr[1] - corr[0]);
-        let ramp = 1.0 - y.clamp(0.0, 1.0);
-        let mix = ramp * s.ext_factor;
-        theta = theta_interp.mul_add(1.0 - mix, theta_extrap * mix);
-        mscale *= 0.1f32.mul_add((1.0 / s.freq_scale).ln(), 1.0);
+impl RopeScaling {
+    /// YaRN's blend weight of pair `i` (its ramp times `ext_factor`; 0 with YaRN off).
+    fn mix(&self, corr: [f32; 2], i: usize) -> f32 {
+        if self.ext_factor == 0.0 {
+            return 0.0;
+        }
+        let y = (i as f32 - corr[0]) / 0.001f32.max(corr[1] - corr[0]);
+        (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor
     }
+
+    /// The factor on cos and sin: the attention factor, with YaRN's magnitude term.
+    fn mscale(&self) -> f32 {
+        match self.ext_factor != 0.0 {
+            true => self.attn_factor * 0.1f32.mul_add((1.0 / self.freq_scale).ln(), 1.0),
+            false => self.attn_factor,
+        }
+    }
+}
+
+/// ggml's `rope_yarn` for pair `i`: (cos, sin) of the angle, both scaled. The blend and
+/// the magnitude factor are FMAs where ggml's x86 build contracts them (its first product
+/// of each sum).
+fn rope_yarn(theta_extrap: f32, s: &RopeScaling, corr: [f32; 2], i: usize) -> (f32, f32) {
+    let theta_interp = s.freq_scale * theta_extrap;
+    let theta = match s.ext_factor != 0.0 {
+        true => {
+            let mix = s.mix(corr, i);
+            theta_interp.mul_add(1.0 - mix, theta_extrap * mix)
+        }
+        false => theta_interp,
+    };
+    let mscale = s.mscale();
     (theta.cos() * mscale, theta.sin() * mscale)
+}
+
+/// What a device needs to rotate by a scaled table in `RopeTable::scaled`'s steps: each
+/// pair's frequency factor (`half` values, 1 without factors) then its YaRN mix (`half`
+/// values), `freq_scale` and the factor on cos/sin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeTerms {
+    pub pairs: Vec<f32>,
+    pub freq_scale: f32,
+    pub mscale: f32,
+}
+
+impl RopeAngles<'_> {
+    /// The terms of a scaled table; `None` for a plain one (no scaling, no factors).
+    pub fn terms(&self) -> Option<RopeTerms> {
+        let s = &self.scaling;
+        if *s == RopeScaling::NONE && self.factors.is_none() {
+            return None;
+        }
+        let half = self.head_dim / 2;
+        let corr = yarn_corr_dims(self.head_dim, s.n_ctx_orig, self.base, s.beta_fast, s.beta_slow);
+        let mut pairs: Vec<f32> = (0..half).map(|i| self.factors.map_or(1.0, |f| f[i])).collect();
+        pairs.extend((0..half).map(|i| s.mix(corr, i)));
+        Some(RopeTerms { pairs, freq_scale: s.freq_scale, mscale: s.mscale() })
+    }
 }
 
 /// cos/sin of every rotary angle for a run of consecutive positions.
@@ -117,7 +160,7 @@ impl RopeTable {
             let mut theta = p as f32;
             for i in 0..half {
                 let ff = a.factors.map_or(1.0, |f| f[i]);
-                let (c, sn) = rope_yarn(theta / ff, s, corr, 2 * i);
+                let (c, sn) = rope_yarn(theta / ff, s, corr, i);
                 cos.push(c);
                 sin.push(sn);
                 theta *= theta_scale;

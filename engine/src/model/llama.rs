@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::batch::Row;
 use crate::backend::{Backend, Gate, Rotary};
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, AttnTemperature, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
@@ -21,8 +21,8 @@ use crate::model::Architecture;
 
 /// A factor on the queries between RoPE and attention.
 enum QScale {
-    /// One per stacked row.
-    Rows(Vec<f32>),
+    /// The attention temperature at each stacked row's position.
+    Temperature(AttnTemperature),
     /// The same for every row.
     All(f32),
 }
@@ -176,11 +176,7 @@ impl<B: Backend> Architecture for Llama<B> {
         // The queries' factor after RoPE: mistral3's attention temperature (each stacked
         // row's own), phi3's 1/√head_dim (llama.cpp scales its queries, then attends at 1).
         let q_scale = match (c.attn_temperature, c.arch) {
-            (Some(t), _) => Some(QScale::Rows(
-                rows.iter()
-                    .flat_map(|r| (r.cache.len()..r.cache.len() + r.tokens.len()).map(|pos| t.at(pos)))
-                    .collect(),
-            )),
+            (Some(t), _) => Some(QScale::Temperature(t)),
             (None, Arch::Phi3) => Some(QScale::All(1.0 / (c.head_dim as f32).sqrt())),
             (None, _) => None,
         };
@@ -216,7 +212,7 @@ impl<B: Backend> Architecture for Llama<B> {
                 Some(s) => {
                     b.rope_qk(&p, (&mut q, &mut k), (rope.q_heads, rope.k_heads), rope.table, rope.style)?;
                     match s {
-                        QScale::Rows(t) => b.scale_rows(&mut q, t)?,
+                        QScale::Temperature(t) => b.temperature(&p, &mut q, *t)?,
                         QScale::All(f) => b.scale(&mut q, *f)?,
                     }
                     b.attend_matmul(&mut p, rows, il, (&q, &k, &v), &spec, &l.wo)?

@@ -71,19 +71,6 @@ impl<B: Backend> Ends<B> {
     }
 }
 
-/// The CUDA backend runs only what it has kernels for; anything else is an error here,
-/// before a weight is uploaded (so `auto` falls back to the CPU with its log line).
-fn supported_on_gpu(g: &Gguf, config: &ModelConfig) -> Result<()> {
-    let reason = config.cuda_unsupported().or_else(|| {
-        g.has_tensor("rope_freqs.weight")
-            .then(|| "rotary frequency factors (rope_freqs) run on the CPU only so far".to_owned())
-    });
-    match reason {
-        None => Ok(()),
-        Some(reason) => Err(Error::Cuda { op: "load", reason }),
-    }
-}
-
 impl Model {
     /// Load on the CPU.
     pub fn load(g: &Gguf) -> Result<Self> {
@@ -101,10 +88,7 @@ impl Model {
         };
         let on_gpu = match gpu {
             None => None,
-            Some(b) => match supported_on_gpu(g, &config)
-                .and_then(|()| b.check_fit(g.file_len()))
-                .and_then(|()| build(b.clone(), g, &config))
-            {
+            Some(b) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
                 Ok(arch) => Some((arch, b)),
                 Err(e) if device == DeviceChoice::Auto => {
                     tracing::info!(reason = %e, "model cannot run on the GPU, using the CPU");

@@ -214,10 +214,9 @@ mod tests {
     #[test]
     fn a_template_with_tool_syntax_renders_tools_and_history_itself() {
         use crate::chat::ChatTemplate;
-        use crate::config::Arch;
         let fmt = ToolFormat::detect(Some(NATIVE), |_| None);
         assert!(fmt.native && fmt.syntax == Syntax::Hermes);
-        let t = ChatTemplate::new(Some(NATIVE), Arch::Llama, "", "", false).unwrap();
+        let t = ChatTemplate::new(Some(NATIVE), None, "", "", false).unwrap();
         let msgs = template_messages(&turns(&msgs(HISTORY)).unwrap(), &fmt, &[]);
         let tools =
             json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);

@@ -16,25 +16,28 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 
 use super::device::{Gpu, drv};
-use super::gemm::{Prefill, Wide, gemm_min_rows};
+use super::gemm::{Prefill, gemm_min_rows};
 use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
-use super::ops::{ActFormat, DeviceAct, RopeSpec};
+use super::ops::{ActFormat, DeviceAct, RopeSpec, ScaledRope};
+use super::rope::RopeTables;
 use super::weights::{DeviceWeights, MatrixBytes};
 use crate::backend::batch::{Row, Spans, split};
 use crate::backend::{Backend, DeviceKind, Gate, Rotary};
+use crate::config::AttnTemperature;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
-use crate::kernels::rope::RopeStyle;
+use crate::kernels::rope::{RopeAngles, RopeStyle};
 
 /// A GPU, shared by every model loaded on it; and one model's captured decode steps
 /// (each model loads its own `CudaBackend`).
 #[derive(Clone)]
 pub struct CudaBackend {
-    gpu: Arc<Gpu>,
+    pub(super) gpu: Arc<Gpu>,
     ordinal: usize,
     graphs: Arc<Mutex<Graphs>>,
+    ropes: Arc<RopeTables>,
 }
 
 pub struct CudaPass {
@@ -45,6 +48,8 @@ pub struct CudaPass {
     ids: CudaSlice<i32>,
     head_dim: usize,
     bases: Vec<f32>,
+    /// Each table's scaled terms (`begin_scaled`), `None` for plain angles.
+    scaled: Vec<Option<ScaledRope>>,
     kv: KvPlan,
     /// In a capture: where `finish` leaves the logits (the step's buffer).
     capture: Option<CudaSlice<f32>>,
@@ -63,7 +68,7 @@ impl CudaBackend {
     }
 
     fn on(gpu: Gpu, ordinal: usize) -> Self {
-        Self { gpu: Arc::new(gpu), ordinal, graphs: Arc::new(Graphs::new(graphs_wanted())) }
+        Self { gpu: Arc::new(gpu), ordinal, graphs: Arc::new(Graphs::new(graphs_wanted())), ropes: Arc::default() }
     }
 
     /// One forward pass over `rows` by `forward` (the model's), a decode step through
@@ -97,97 +102,10 @@ impl CudaBackend {
     }
 
     /// An activation buffer for an op that writes every value (no memset queued).
-    fn alloc(&self, n: usize) -> Result<CudaSlice<f32>> {
+    pub(super) fn alloc(&self, n: usize) -> Result<CudaSlice<f32>> {
         // SAFETY: f32 has no invalid bit patterns, and every caller passes the buffer
         // as the output of one op that writes all `n` values before anything reads it.
         unsafe { self.gpu.stream.alloc(n) }.map_err(drv("alloc activations"))
-    }
-
-    fn act_format(w: &DeviceWeights) -> Result<ActFormat> {
-        ActFormat::for_weights(w.dtype)
-            .ok_or_else(|| Error::Cuda { op: "matmul", reason: format!("no CUDA kernel for {:?}", w.dtype) })
-    }
-
-    /// `x W^T` for each matrix, run by run of rows (see `matmul_acts`), `x` quantized
-    /// once per weight format.
-    fn matmul_runs<const N: usize>(
-        &self,
-        runs: &[(Range<usize>, bool)],
-        w: [&DeviceWeights; N],
-        x: &CudaSlice<f32>,
-    ) -> Result<[CudaSlice<f32>; N]> {
-        let acts = self.acts_for(runs, &w, x.len() / w[0].k, |a| self.gpu.quantize(x, a))?;
-        self.matmul_acts(runs, w, &acts)
-    }
-
-    /// Whether the pass's GEMM runs go to cuBLAS.
-    fn cublas_runs(&self, runs: &[(Range<usize>, bool)]) -> bool {
-        runs.iter().any(|r| r.1) && self.gpu.prefill().cublas()
-    }
-
-    /// One quantized copy of the `m` input rows per activation format the matrices need,
-    /// made by `fill`; with cuBLAS GEMM runs, also widened for it.
-    fn acts_for(
-        &self,
-        runs: &[(Range<usize>, bool)],
-        w: &[&DeviceWeights],
-        m: usize,
-        mut fill: impl FnMut(&mut DeviceAct) -> Result<()>,
-    ) -> Result<Vec<(DeviceAct, Option<Wide>)>> {
-        let mut acts: Vec<(DeviceAct, Option<Wide>)> = Vec::new();
-        for wi in w {
-            let format = Self::act_format(wi)?;
-            if !acts.iter().any(|a| a.0.format == format) {
-                let mut a = DeviceAct::alloc(&self.gpu, format, m, wi.k)?;
-                fill(&mut a)?;
-                let prefill = self.gpu.prefill();
-                let wide = if self.cublas_runs(runs) { Some(self.gpu.dequant_act_wide(&a, prefill)?) } else { None };
-                acts.push((a, wide));
-            }
-        }
-        Ok(acts)
-    }
-
-    /// `x W^T` for each matrix from its quantized input (`acts_for`), run by run of rows:
-    /// GEMV runs (matrices of one format share launches), and GEMM runs on MMQ or on
-    /// cuBLAS with the widened copy.
-    fn matmul_acts<const N: usize>(
-        &self,
-        runs: &[(Range<usize>, bool)],
-        w: [&DeviceWeights; N],
-        acts: &[(DeviceAct, Option<Wide>)],
-    ) -> Result<[CudaSlice<f32>; N]> {
-        let act_for = |wi: &DeviceWeights| {
-            acts.iter().find(|a| Some(a.0.format) == ActFormat::for_weights(wi.dtype)).unwrap_or(&acts[0])
-        };
-        let m = acts[0].0.rows;
-        let mut out = w.iter().map(|wi| self.alloc(m * wi.n)).collect::<Result<Vec<_>>>()?;
-        let together = (2..=3).contains(&N) && w.iter().all(|wi| wi.dtype == w[0].dtype);
-        for (rows, _) in runs.iter().filter(|r| !r.1) {
-            if together {
-                self.gpu.gemv_many(&w, &act_for(w[0]).0, &mut out, rows.clone())?;
-            } else {
-                for (wi, y) in w.iter().zip(out.iter_mut()) {
-                    self.gpu.gemv_rows(wi, &act_for(wi).0, y, rows.clone())?;
-                }
-            }
-        }
-        let prefill = self.gpu.prefill();
-        let mmq = runs.iter().any(|r| r.1) && prefill == Prefill::Mmq;
-        for (wi, y) in w.iter().zip(out.iter_mut()) {
-            let (act, wide) = act_for(wi);
-            if mmq {
-                for (rows, _) in runs.iter().filter(|r| r.1) {
-                    self.gpu.mmq_rows(wi, act, y, rows.clone())?;
-                }
-            } else if let Some(xw) = wide {
-                let ww = self.gpu.dequant_wide(wi, prefill)?;
-                for (rows, _) in runs.iter().filter(|r| r.1) {
-                    self.gpu.gemm_rows(&ww, (wi.n, wi.k), xw, rows.clone(), y)?;
-                }
-            }
-        }
-        Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
     }
 
     /// RoPE of the queries and keys, the keys and values stored (`rope_kv_store`).
@@ -198,7 +116,8 @@ impl CudaBackend {
         qkv: (&mut CudaSlice<f32>, &mut CudaSlice<f32>, &CudaSlice<f32>),
         rope: Rotary,
     ) -> Result<()> {
-        let rs = RopeSpec { heads: rope.q_heads, head_dim: p.head_dim, base: p.bases[rope.table], style: rope.style };
+        let (heads, head_dim, base, style) = (rope.q_heads, p.head_dim, p.bases[rope.table], rope.style);
+        let rs = RopeSpec { heads, head_dim, base, style, scaled: p.scaled[rope.table] };
         self.gpu.rope_kv_store(&mut p.kv, layer, qkv, rope.k_heads, rs)
     }
 
@@ -226,7 +145,8 @@ impl CudaBackend {
         Ok(y)
     }
 
-    fn upload(&self, g: &Gguf, name: &str, k: usize, n: usize) -> Result<DeviceWeights> {
+    /// Rows `rows` of `name`, an `[n, k]` matrix (all of them but for a fused weight).
+    fn upload(&self, g: &Gguf, name: &str, k: usize, n: usize, rows: Range<usize>) -> Result<DeviceWeights> {
         let dims = g.dims(name)?;
         if dims != [n, k] {
             return Err(Error::Tensor {
@@ -234,14 +154,14 @@ impl CudaBackend {
                 reason: format!("shape {dims:?}, expected [{n}, {k}]"),
             });
         }
-        let (bytes, dtype) = g.raw(name)?;
+        let (bytes, dtype) = g.raw_rows(name, rows.clone())?;
         if ActFormat::for_weights(dtype).is_none() {
             return Err(Error::Tensor {
                 name: name.to_owned(),
                 reason: format!("{dtype:?} has no CUDA kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K do)"),
             });
         }
-        DeviceWeights::upload(&self.gpu, MatrixBytes { name, dtype, bytes, k, n })
+        DeviceWeights::upload(&self.gpu, MatrixBytes { name, dtype, bytes, k, n: rows.len() })
     }
 }
 
@@ -253,7 +173,11 @@ impl Backend for CudaBackend {
     type Pass = CudaPass;
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<DeviceWeights> {
-        self.upload(g, name, in_dim, out_dim)
+        self.upload(g, name, in_dim, out_dim, 0..out_dim)
+    }
+
+    fn matrix_rows(&self, g: &Gguf, name: &str, k: usize, n: usize, rows: Range<usize>) -> Result<DeviceWeights> {
+        self.upload(g, name, k, n, rows)
     }
 
     fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<CudaSlice<f32>> {
@@ -262,7 +186,7 @@ impl Backend for CudaBackend {
     }
 
     fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<DeviceWeights> {
-        self.upload(g, name, hidden, vocab)
+        self.upload(g, name, hidden, vocab, 0..vocab)
     }
 
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CudaPass> {
@@ -294,7 +218,21 @@ impl Backend for CudaBackend {
         if capture.is_some() && runs.iter().any(|r| r.1) {
             return Err(Error::Cuda { op: "capture", reason: "a decode step took the GEMM".into() });
         }
-        Ok(CudaPass { spans, runs, ids, head_dim, bases: rope_bases.to_vec(), kv, capture, started })
+        let (bases, scaled) = (rope_bases.to_vec(), vec![None; rope_bases.len()]);
+        Ok(CudaPass { spans, runs, ids, head_dim, bases, scaled, kv, capture, started })
+    }
+
+    fn begin_scaled(&self, rows: &mut [Row<'_>], ropes: &[RopeAngles<'_>]) -> Result<CudaPass> {
+        let head_dim = ropes.first().map_or(0, |r| r.head_dim);
+        if ropes.iter().any(|r| r.head_dim != head_dim) {
+            return Err(Error::Cuda { op: "begin", reason: "rotary tables of different head sizes".into() });
+        }
+        let bases: Vec<f32> = ropes.iter().map(|r| r.base).collect();
+        let mut p = self.begin(rows, head_dim, &bases)?;
+        for (s, a) in p.scaled.iter_mut().zip(ropes) {
+            *s = self.ropes.get(&self.gpu, a, p.capture.is_some())?;
+        }
+        Ok(p)
     }
 
     fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {
@@ -376,7 +314,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, p: &CudaPass, x: &mut CudaSlice<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {
-        let spec = RopeSpec { heads, head_dim: p.head_dim, base: p.bases[table], style };
+        let spec = RopeSpec { heads, head_dim: p.head_dim, base: p.bases[table], style, scaled: p.scaled[table] };
         self.gpu.rope(x, &p.kv.tok_pos, spec)
     }
 
@@ -388,7 +326,8 @@ impl Backend for CudaBackend {
         table: usize,
         style: RopeStyle,
     ) -> Result<()> {
-        let spec = RopeSpec { heads: q_heads, head_dim: p.head_dim, base: p.bases[table], style };
+        let (head_dim, base, scaled) = (p.head_dim, p.bases[table], p.scaled[table]);
+        let spec = RopeSpec { heads: q_heads, head_dim, base, style, scaled };
         self.gpu.rope_qk((q, k), k_heads, &p.kv.tok_pos, spec)
     }
 
@@ -454,6 +393,14 @@ impl Backend for CudaBackend {
 
     fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
         self.gpu.add(x, y)
+    }
+
+    fn add_bias(&self, x: &mut CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        self.gpu.add_rows(x, b)
+    }
+
+    fn temperature(&self, p: &CudaPass, x: &mut CudaSlice<f32>, t: AttnTemperature) -> Result<()> {
+        self.gpu.attn_temperature(x, &p.kv.tok_pos, t)
     }
 
     fn finish(

@@ -281,7 +281,7 @@ impl Gpu {
         k_heads: usize,
         spec: RopeSpec,
     ) -> Result<()> {
-        let RopeSpec { heads, head_dim, base, style } = spec;
+        let RopeSpec { heads, head_dim, style, .. } = spec;
         let (total, d) = (plan.total, plan.kv_dim);
         let ok = head_dim.is_multiple_of(2)
             && head_dim <= 2048
@@ -301,8 +301,7 @@ impl Gpu {
         if total == 0 {
             return Ok(());
         }
-        // The CPU's `RopeTable` computes this with the host powf; use the same value.
-        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let (theta_scale, pairs, freq_scale, mscale) = spec.angle_args();
         let half = head_dim / 2;
         let f = self.function(&ATTENTION, "rope_kv_store")?;
         let cfg = LaunchConfig {
@@ -314,9 +313,11 @@ impl Gpu {
         let (neox, ti) = (i32::from(style == RopeStyle::Neox), total as i32);
         let mut b = self.stream.launch_builder(&f);
         b.arg(q).arg(k).arg(v).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-        b.arg(&li).arg(&hq).arg(&hk).arg(&hf).arg(&theta_scale).arg(&neox).arg(&ti).arg(&mut plan.stage);
+        b.arg(&li).arg(&hq).arg(&hk).arg(&hf).arg(&theta_scale).arg(&pairs).arg(&freq_scale).arg(&mscale);
+        b.arg(&neox).arg(&ti).arg(&mut plan.stage);
         // SAFETY: shapes checked above; every token's row has a mirror of capacity > its
-        // position (plan_kv); stage holds n_layers * 2 * total * d values.
+        // position (plan_kv); stage holds n_layers * 2 * total * d values; pairs is null or
+        // holds head_dim values (`RopeAngles::terms`).
         unsafe { b.launch(cfg) }.map_err(drv("rope_kv_store"))?;
         Ok(())
     }

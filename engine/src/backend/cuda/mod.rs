@@ -23,6 +23,8 @@ mod mmq;
 mod ops;
 mod probe;
 pub mod programs;
+mod rope;
+mod runs;
 mod weights;
 
 #[cfg(test)]

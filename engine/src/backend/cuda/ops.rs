@@ -7,6 +7,7 @@ use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, L
 use super::device::{Gpu, drv};
 use super::programs::{EMBED, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
+use crate::config::AttnTemperature;
 use crate::error::{Error, Result};
 use crate::kernels::rope::RopeStyle;
 
@@ -46,6 +47,30 @@ pub struct RopeSpec {
     pub head_dim: usize,
     pub base: f32,
     pub style: RopeStyle,
+    /// A scaled table's terms; `None` for plain angles.
+    pub scaled: Option<ScaledRope>,
+}
+
+/// A scaled rotary table on the device (`RopeAngles::terms`): the address of its per-pair
+/// factors and YaRN mixes (the backend keeps them for its lifetime, so captured graphs
+/// may hold the address), `freq_scale` and the factor on cos and sin.
+#[derive(Clone, Copy, Debug)]
+pub struct ScaledRope {
+    pub pairs: u64,
+    pub freq_scale: f32,
+    pub mscale: f32,
+}
+
+impl RopeSpec {
+    /// The rope kernels' angle arguments: theta_scale, pairs (0: plain), freq_scale, mscale.
+    pub(crate) fn angle_args(&self) -> (f32, u64, f32, f32) {
+        // The CPU's `RopeTable` computes this with the host powf; use the same value.
+        let theta_scale = self.base.powf(-2.0 / self.head_dim as f32);
+        match self.scaled {
+            Some(s) => (theta_scale, s.pairs, s.freq_scale, s.mscale),
+            None => (theta_scale, 0, 1.0, 1.0),
+        }
+    }
 }
 
 /// Quantized activations `[rows, k]` on the device.
@@ -222,6 +247,36 @@ impl Gpu {
         Ok(())
     }
 
+    /// `x[r] += b` for every row `r` of `x` (`[rows][b.len()]`).
+    pub fn add_rows(&self, x: &mut CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+        let (n, width) = (x.len(), b.len());
+        shape(width > 0 && n.is_multiple_of(width), || format!("{n} values are not rows of {width}"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&OPS, "add_rows")?;
+        let (wi, ni) = (int(width)?, int(n)?);
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(x).arg(b).arg(&wi).arg(&ni);
+        // SAFETY: n values in x, width in b.
+        unsafe { l.launch(blocks_of(n, 256)?) }.map_err(drv("add_rows"))?;
+        Ok(())
+    }
+
+    /// Each row `r` of `x` (`[pos.len()][width]`) times the attention temperature at
+    /// position `pos[r]` (`AttnTemperature::at`).
+    pub fn attn_temperature(&self, x: &mut CudaSlice<f32>, pos: &CudaSlice<i32>, t: AttnTemperature) -> Result<()> {
+        let (n, rows) = (x.len(), pos.len());
+        shape(rows > 0 && n.is_multiple_of(rows), || format!("{n} values are not {rows} rows"))?;
+        let f = self.function(&OPS, "attn_temperature")?;
+        let (wi, ni, floor) = (int(n / rows)?, int(n)?, t.floor as f32);
+        let mut l = self.stream.launch_builder(&f);
+        l.arg(x).arg(pos).arg(&wi).arg(&ni).arg(&floor).arg(&t.scale);
+        // SAFETY: n values in x, one position per row.
+        unsafe { l.launch(blocks_of(n, 256)?) }.map_err(drv("attn_temperature"))?;
+        Ok(())
+    }
+
     /// Rotate `x` (`[rows][heads][head_dim]`) in place; row r is at position `pos[r]`.
     pub fn rope(&self, x: &mut CudaSlice<f32>, pos: &CudaSlice<i32>, spec: RopeSpec) -> Result<()> {
         self.rope_launch(x, None, pos, spec)
@@ -245,7 +300,7 @@ impl Gpu {
         pos: &CudaSlice<i32>,
         spec: RopeSpec,
     ) -> Result<()> {
-        let RopeSpec { heads, head_dim, base, style } = spec;
+        let RopeSpec { heads, head_dim, style, .. } = spec;
         let rows = pos.len();
         let fits = |x: &CudaSlice<f32>, heads: usize| x.len() == rows * heads * head_dim;
         shape(head_dim.is_multiple_of(2) && head_dim <= 2048 && fits(x, heads), || {
@@ -257,8 +312,7 @@ impl Gpu {
         if rows == 0 {
             return Ok(());
         }
-        // The CPU's `RopeTable` computes this with the host powf; use the same value.
-        let theta_scale = base.powf(-2.0 / head_dim as f32);
+        let (theta_scale, pairs, freq_scale, mscale) = spec.angle_args();
         let half = head_dim / 2;
         let all_heads = heads + k.as_ref().map_or(0, |k| k.1);
         let f = self.function(&OPS, if k.is_some() { "rope_qk" } else { "rope" })?;
@@ -278,8 +332,9 @@ impl Gpu {
         } else {
             b.arg(pos).arg(&hi);
         }
-        b.arg(&hf).arg(&theta_scale).arg(&neox);
-        // SAFETY: x holds rows*heads*head_dim values (and k rows*kh*head_dim), pos rows.
+        b.arg(&hf).arg(&theta_scale).arg(&pairs).arg(&freq_scale).arg(&mscale).arg(&neox);
+        // SAFETY: x holds rows*heads*head_dim values (and k rows*kh*head_dim), pos rows;
+        // pairs is null or holds head_dim values (`RopeAngles::terms`).
         unsafe { b.launch(cfg) }.map_err(drv("rope"))?;
         Ok(())
     }

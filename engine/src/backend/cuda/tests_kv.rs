@@ -167,7 +167,7 @@ fn cuda_rope_kv_store_equals_rope_then_store() {
     {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
         let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
-        let rope = RopeSpec { heads, head_dim: hd, base: 10000.0, style };
+        let rope = RopeSpec { heads, head_dim: hd, base: 10000.0, style, scaled: None };
         let plan = [(0, 5), (70, 1), (1000, 40), (3000, 1)];
         let caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
         let total: usize = plan.iter().map(|p| p.1).sum();

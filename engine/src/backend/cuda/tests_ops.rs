@@ -1,10 +1,14 @@
 //! Row ops through the CPU (`kernels::ops`) and the CUDA kernels, bounded per op (see
 //! `tests.rs` for the harness).
 
+use cudarc::driver::DevicePtr;
+
 use super::RopeSpec;
+use super::ops::ScaledRope;
 use super::tests::{down, gpu, nans, randn, rel_err, rng, up};
+use crate::config::AttnTemperature;
 use crate::kernels::ops;
-use crate::kernels::rope::{RopeStyle, RopeTable};
+use crate::kernels::rope::{RopeAngles, RopeScaling, RopeStyle, RopeTable};
 
 use rand::Rng;
 
@@ -44,19 +48,76 @@ fn cuda_rope_matches_cpu() {
             RopeTable::at(pos.iter().copied(), head_dim, base).apply(&mut want, heads, style);
             let mut xd = up(g, &x);
             let pd = up(g, &pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
-            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope");
+            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style, scaled: None }).expect("rope");
             let op = format!("rope {style:?} rows={rows} heads={heads} d={head_dim}");
             rel_err(&op, &down(g, &xd), &want, ROPE_BOUND);
             // Queries and keys in one launch: bit for bit the two launches.
             let k = randn(&mut rng, rows * 2 * head_dim, 3.0);
             let (mut qd, mut kd, mut k_alone) = (up(g, &x), up(g, &k), up(g, &k));
-            g.rope_qk((&mut qd, &mut kd), 2, &pd, RopeSpec { heads, head_dim, base, style }).expect("rope_qk");
-            g.rope(&mut k_alone, &pd, RopeSpec { heads: 2, head_dim, base, style }).expect("rope");
+            g.rope_qk((&mut qd, &mut kd), 2, &pd, RopeSpec { heads, head_dim, base, style, scaled: None })
+                .expect("rope_qk");
+            g.rope(&mut k_alone, &pd, RopeSpec { heads: 2, head_dim, base, style, scaled: None }).expect("rope");
             let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
             assert_eq!(bits(down(g, &qd)), bits(down(g, &xd)), "{op}: rope_qk queries");
             assert_eq!(bits(down(g, &kd)), bits(down(g, &k_alone)), "{op}: rope_qk keys");
         }
     }
+}
+
+/// Scaled tables (frequency factors, linear, YaRN with its magnitude term) take the CPU's
+/// `RopeTable::scaled` steps; only cosf/sinf differ.
+#[test]
+fn cuda_scaled_rope_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_scaled_rope_matches_cpu");
+    let (heads, head_dim, base) = (3, 128, 1e6f32);
+    let factors: Vec<f32> = (0..head_dim / 2).map(|i| 1.0 + (i % 7) as f32 * 0.75).collect();
+    let yarn =
+        RopeScaling { freq_scale: 0.25, ext_factor: 1.0, attn_factor: 1.19, n_ctx_orig: 4096, ..RopeScaling::NONE };
+    let linear = RopeScaling { freq_scale: 0.5, ..RopeScaling::NONE };
+    for (scaling, factors) in [(RopeScaling::NONE, Some(&factors[..])), (linear, None), (yarn, Some(&factors[..]))] {
+        let a = RopeAngles { head_dim, base, scaling, factors };
+        let terms = a.terms().expect("a scaled table");
+        let pairs = up(g, &terms.pairs);
+        let scaled =
+            ScaledRope { pairs: pairs.device_ptr(&g.stream).0, freq_scale: terms.freq_scale, mscale: terms.mscale };
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            let pos: Vec<usize> = (0..6).map(|_| rng.random_range(0..65_536)).collect();
+            let x = randn(&mut rng, pos.len() * heads * head_dim, 3.0);
+            let mut want = x.clone();
+            RopeTable::scaled(pos.iter().copied(), &a).apply(&mut want, heads, style);
+            let mut xd = up(g, &x);
+            let pd = up(g, &pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
+            g.rope(&mut xd, &pd, RopeSpec { heads, head_dim, base, style, scaled: Some(scaled) }).expect("rope");
+            rel_err(&format!("scaled rope {scaling:?} {style:?}"), &down(g, &xd), &want, ROPE_BOUND);
+        }
+    }
+}
+
+/// Bias rows and the attention temperature: one add / one multiply per value, exact.
+#[test]
+fn cuda_bias_and_temperature_match_cpu_exactly() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_bias_and_temperature_match_cpu_exactly");
+    let (rows, width) = (5, 384);
+    let x = randn(&mut rng, rows * width, 2.0);
+    let b = randn(&mut rng, width, 0.5);
+    let mut want = x.clone();
+    ops::add_rows_inplace(&mut want, &b);
+    let mut xd = up(g, &x);
+    g.add_rows(&mut xd, &up(g, &b)).expect("add_rows");
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&down(g, &xd)), bits(&want), "add_rows");
+    let t = AttnTemperature { scale: 0.1, floor: 16 };
+    let pos = [0usize, 15, 16, 100, 70_000];
+    let mut want = x[..pos.len() * width].to_vec();
+    for (row, &p) in want.chunks_exact_mut(width).zip(&pos) {
+        ops::scale_inplace(row, t.at(p));
+    }
+    let mut xd = up(g, &x[..pos.len() * width]);
+    let pd = up(g, &pos.iter().map(|&p| p as i32).collect::<Vec<_>>());
+    g.attn_temperature(&mut xd, &pd, t).expect("attn_temperature");
+    assert_eq!(bits(&down(g, &xd)), bits(&want), "attn_temperature");
 }
 
 #[test]

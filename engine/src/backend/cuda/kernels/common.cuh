@@ -136,11 +136,25 @@ __device__ __forceinline__ float gelu_val(float x, float u) {
 }
 
 // Rotate pair i of a head (RoPE) at position `pos`, angle pos * theta_scale^i by the
-// CPU's repeated f32 multiplication: (a, b) -> (a cos - b sin, a sin + b cos).
-__device__ __forceinline__ void rope_pair(int pos, int i, float theta_scale, float* a, float* b) {
+// CPU's repeated f32 multiplication: (a, b) -> (a cos - b sin, a sin + b cos). A scaled
+// table (`pairs` not null: `half` frequency factors, then `half` YaRN mixes) takes the
+// CPU's `RopeTable::scaled` steps: the angle divided by its factor, blended with its
+// `freq_scale` multiple, cos and sin times `mscale`.
+__device__ __forceinline__ void rope_pair(int pos, int i, float theta_scale, const float* __restrict__ pairs,
+                                          int half, float freq_scale, float mscale, float* a, float* b) {
     float theta = (float)pos;
     for (int k = 0; k < i; k++) theta = __fmul_rn(theta, theta_scale);
-    const float c = cosf(theta), s = sinf(theta);
+    float c, s;
+    if (pairs) {
+        const float extrap = __fdiv_rn(theta, pairs[i]);
+        const float mix = pairs[half + i];
+        const float t = fmaf(__fmul_rn(freq_scale, extrap), __fsub_rn(1.0f, mix), __fmul_rn(extrap, mix));
+        c = __fmul_rn(cosf(t), mscale);
+        s = __fmul_rn(sinf(t), mscale);
+    } else {
+        c = cosf(theta);
+        s = sinf(theta);
+    }
     const float x = *a, y = *b;
     *a = fmaf(x, c, -__fmul_rn(y, s));
     *b = fmaf(x, s, __fmul_rn(y, c));

@@ -37,7 +37,9 @@ extern "C" __global__ void kv_store(const float* __restrict__ k, const float* __
 extern "C" __global__ void rope_kv_store(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
                                          const unsigned long long* __restrict__ bases, const int* __restrict__ caps,
                                          const int* __restrict__ tok_row, const int* __restrict__ tok_pos, int layer,
-                                         int hq, int hk, int half, float theta_scale, int neox, int total,
+                                         int hq, int hk, int half, float theta_scale,
+                                         const float* __restrict__ pairs, float freq_scale, float mscale, int neox,
+                                         int total,
                                          unsigned short* __restrict__ stage) {
     const int t = blockIdx.x, y = blockIdx.y, i = threadIdx.x;
     if (i >= half) return;
@@ -45,13 +47,13 @@ extern "C" __global__ void rope_kv_store(float* __restrict__ q, float* __restric
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
     if (y < hq) {
         float* head = q + ((size_t)t * hq + y) * hd;
-        rope_pair(pos, i, theta_scale, &head[ia], &head[ib]);
+        rope_pair(pos, i, theta_scale, pairs, half, freq_scale, mscale, &head[ia], &head[ib]);
         return;
     }
     const int h = y - hq;
     const size_t kv_dim = (size_t)hk * hd;
     float* kh = k + (size_t)t * kv_dim + (size_t)h * hd;
-    rope_pair(pos, i, theta_scale, &kh[ia], &kh[ib]);
+    rope_pair(pos, i, theta_scale, pairs, half, freq_scale, mscale, &kh[ia], &kh[ib]);
     const float* vh = v + (size_t)t * kv_dim + (size_t)h * hd;
     const int r = tok_row[t];
     const size_t cap = (size_t)caps[r];

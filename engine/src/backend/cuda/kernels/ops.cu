@@ -16,25 +16,28 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 // x is [rows][heads][2 * half]; grid (rows, heads), one thread per rotated pair.
 // theta_scale = base^(-2/head_dim) is computed on the host with the CPU's powf.
 __device__ __forceinline__ void rope_head(float* __restrict__ x, const int* __restrict__ pos, int heads, int h,
-                                          int half, float theta_scale, int neox) {
+                                          int half, float theta_scale, const float* __restrict__ pairs,
+                                          float freq_scale, float mscale, int neox) {
     const int i = threadIdx.x;
     if (i >= half) return;
     float* head = x + ((size_t)blockIdx.x * heads + h) * (size_t)(2 * half);
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    rope_pair(pos[blockIdx.x], i, theta_scale, &head[ia], &head[ib]);
+    rope_pair(pos[blockIdx.x], i, theta_scale, pairs, half, freq_scale, mscale, &head[ia], &head[ib]);
 }
 
 extern "C" __global__ void rope(float* __restrict__ x, const int* __restrict__ pos, int heads, int half,
-                                float theta_scale, int neox) {
-    rope_head(x, pos, heads, blockIdx.y, half, theta_scale, neox);
+                                float theta_scale, const float* __restrict__ pairs, float freq_scale, float mscale,
+                                int neox) {
+    rope_head(x, pos, heads, blockIdx.y, half, theta_scale, pairs, freq_scale, mscale, neox);
 }
 
 // rope of the queries (heads 0..hq of grid y) and of the keys (the next hk) in one launch.
 extern "C" __global__ void rope_qk(float* __restrict__ q, float* __restrict__ k, const int* __restrict__ pos,
-                                   int hq, int hk, int half, float theta_scale, int neox) {
+                                   int hq, int hk, int half, float theta_scale, const float* __restrict__ pairs,
+                                   float freq_scale, float mscale, int neox) {
     const int y = blockIdx.y;
-    if (y < hq) rope_head(q, pos, hq, y, half, theta_scale, neox);
-    else rope_head(k, pos, hk, y - hq, half, theta_scale, neox);
+    if (y < hq) rope_head(q, pos, hq, y, half, theta_scale, pairs, freq_scale, mscale, neox);
+    else rope_head(k, pos, hk, y - hq, half, theta_scale, pairs, freq_scale, mscale, neox);
 }
 
 // g = silu(g) * u over n values; the first `simd` take ggml's exp, the tail libm's.
@@ -47,6 +50,24 @@ extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restri
 extern "C" __global__ void gelu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = gelu_val(g[i], u[i]);
+}
+
+// x[r][i] += b[i] over n values of rows `width` wide (Q/K/V biases).
+extern "C" __global__ void add_rows(float* __restrict__ x, const float* __restrict__ b, int width, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] + b[i % width];
+}
+
+// Llama 4's attention temperature on the queries (rows `width` wide): row r times
+// ln(floor(pos[r] / floor_) + 1) * scale + 1, the quotient in f32 and the rest in f64 as
+// the CPU's `AttnTemperature::at`.
+extern "C" __global__ void attn_temperature(float* __restrict__ x, const int* __restrict__ pos, int width, int n,
+                                            float floor_, float scale) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float q = floorf(__fdiv_rn((float)pos[i / width], floor_));
+    const float t = (float)(log((double)q + 1.0) * (double)scale + 1.0);
+    x[i] = __fmul_rn(x[i], t);
 }
 
 extern "C" __global__ void add_inplace(float* __restrict__ x, const float* __restrict__ y, int n) {
