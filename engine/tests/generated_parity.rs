@@ -279,7 +279,7 @@ fn phi3_f16_equals_llama_cpp_serial() {
 // make-gguf's f16 file (k-quant mixes as llama-quantize picks them for these shapes, and
 // `q4_k_xl`, an Unsloth-style mix), every family at every type. In a module of their own:
 // CI makes these models once its quick llama.cpp build is done and runs them last
-// (`quantized::`). Not held to llama.cpp's tokens yet: phi3 at q3_k_m (token 17 of
+// (`quantized::`; q4_k_m in every family, the other types in llama3 and qwen3). Not held to llama.cpp's tokens yet: phi3 at q3_k_m (token 17 of
 // "story", where llama.cpp's top-2 margin is 5.5e-4) and at q5_1 (token 13 of "story",
 // margin 2.6e-3; token 9 of "long", margin 6.0e-4): near-ties that `margin_noise`'s
 // drift flips.
