@@ -1,8 +1,10 @@
 //! Chat templates: the model's own Jinja template (`tokenizer.chat_template`) rendered
 //! with minijinja the way Hugging Face and llama.cpp's server render it (trim/lstrip
-//! blocks, Python string methods, `raise_exception`), or, for a file without one, a
-//! built-in template for its family (`builtin_templates`), as llama.cpp and Ollama do.
+//! blocks, Python string methods, `raise_exception`, `tojson` as Python's `json.dumps`),
+//! or, for a file without one, a built-in template for its family (`builtin_templates`),
+//! as llama.cpp and Ollama do.
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, ErrorKind, Value, context};
 use serde::Serialize;
 
@@ -36,8 +38,8 @@ impl std::io::Write for Capped {
     }
 }
 
-/// One message as templates see it (the Hugging Face shape). `content` is null only
-/// on an assistant turn that carries `tool_calls`, for templates that render tools.
+/// One message as templates see it (the Hugging Face shape). The server always sets
+/// `content` (`""` on an assistant turn that only carries `tool_calls`, as llama.cpp).
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ChatMessage {
     pub role: String,
@@ -108,6 +110,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", text.clone()).map_err(|e| Error::Template(describe(&e)))?;
         Ok(Self { env, source, text, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
     }
@@ -173,6 +176,117 @@ impl ChatTemplate {
             (true, Some(rest)) => rest.to_owned(),
             _ => out,
         })
+    }
+}
+
+/// `tojson` as Hugging Face and llama.cpp render it: Python's `json.dumps` with
+/// `ensure_ascii=False` (`", "` and `": "` between items, `","` when indented, keys in
+/// their given order, no HTML escapes), where minijinja's own writes compact JSON with
+/// `<`, `>`, `&` and `'` escaped. Tool lists and tool-call arguments reach the model
+/// through it (Qwen 2.5, Qwen 3, Llama 3.x templates), so the prompt must be the one
+/// the model was trained on. Arguments as Python's: `indent`, `separators`,
+/// `ensure_ascii`, `sort_keys`.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    let indent = match indent.map_or_else(|| kwargs.get::<Option<Value>>("indent"), |v| Ok(Some(v)))? {
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => Some(usize::try_from(v)?),
+        None => None,
+    };
+    let (item, key) = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
+        Some(_) => return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "separators must be a pair")),
+        None => ((if indent.is_some() { "," } else { ", " }).to_owned(), ": ".to_owned()),
+    };
+    let ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let sort = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, "cannot serialize to JSON").with_source(e))?;
+    let mut out = String::new();
+    let fmt = JsonFmt { indent, item: &item, key: &key, ascii, sort };
+    fmt.write(&mut out, &json, 0);
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonFmt<'a> {
+    indent: Option<usize>,
+    item: &'a str,
+    key: &'a str,
+    ascii: bool,
+    sort: bool,
+}
+
+impl JsonFmt<'_> {
+    fn write(&self, out: &mut String, v: &serde_json::Value, level: usize) {
+        use serde_json::Value as J;
+        match v {
+            J::String(s) => self.string(out, s),
+            J::Array(items) => self.container(out, ('[', ']'), level, items.iter().map(|v| (None, v)).collect()),
+            J::Object(map) => {
+                let mut entries: Vec<_> = map.iter().map(|(k, v)| (Some(k.as_str()), v)).collect();
+                if self.sort {
+                    entries.sort_by_key(|(k, _)| *k);
+                }
+                self.container(out, ('{', '}'), level, entries)
+            }
+            // null, booleans and numbers are written as serde_json writes them.
+            other => out.push_str(&other.to_string()),
+        }
+    }
+
+    fn container(
+        &self,
+        out: &mut String,
+        (open, close): (char, char),
+        level: usize,
+        entries: Vec<(Option<&str>, &serde_json::Value)>,
+    ) {
+        out.push(open);
+        let newline = |out: &mut String, level: usize| {
+            if let Some(n) = self.indent {
+                out.push('\n');
+                out.extend(std::iter::repeat_n(' ', n * level));
+            }
+        };
+        let empty = entries.is_empty();
+        for (i, (k, v)) in entries.into_iter().enumerate() {
+            if i > 0 {
+                out.push_str(self.item);
+            }
+            newline(out, level + 1);
+            if let Some(k) = k {
+                self.string(out, k);
+                out.push_str(self.key);
+            }
+            self.write(out, v, level + 1);
+        }
+        if !empty {
+            newline(out, level);
+        }
+        out.push(close);
+    }
+
+    fn string(&self, out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ascii && !c.is_ascii()) => {
+                    let mut units = [0u16; 2];
+                    for u in c.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{u:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
     }
 }
 
@@ -258,6 +372,35 @@ mod tests {
         kw.insert("messages".into(), serde_json::json!([{"role": "user", "content": "X"}]));
         assert_eq!(t.render_with(&msgs()[1..2], None, false, &kw).unwrap(), "THi");
         assert_eq!(t.render(&msgs()[1..2], None, false).unwrap(), "FHi");
+    }
+
+    /// `tojson` writes what Python's `json.dumps(ensure_ascii=False)` writes (Hugging
+    /// Face's and llama.cpp's renderings): the spaced separators, keys in the order given,
+    /// nothing HTML-escaped; its arguments as Python's.
+    #[test]
+    fn tojson_is_pythons_json_dumps() {
+        let render = |src: &str| {
+            let t = ChatTemplate::new(Some(src), None, "", "", false).unwrap();
+            let tools = serde_json::json!([{"type": "function", "function": {"name": "f", "description": "a<b & 'c'",
+                "parameters": {"z": [1, 2.5, true, null], "a": "é\n\"\u{1}", "m": {}}}}]);
+            t.render(&msgs()[..1], Some(&tools), false).unwrap()
+        };
+        assert_eq!(
+            render("{{ tools[0] | tojson }}"),
+            r#"{"type": "function", "function": {"name": "f", "description": "a<b & 'c'", "parameters": {"z": [1, 2.5, true, null], "a": "é\n\"\u0001", "m": {}}}}"#
+        );
+        assert_eq!(
+            render("{{ tools[0].function.parameters | tojson(indent=2, sort_keys=true) }}"),
+            "{\n  \"a\": \"é\\n\\\"\\u0001\",\n  \"m\": {},\n  \"z\": [\n    1,\n    2.5,\n    true,\n    null\n  ]\n}"
+        );
+        assert_eq!(
+            render(
+                "{{ tools[0].function.parameters.a | tojson(ensure_ascii=true) }}{{ [1, 2] | tojson(separators=[',', ':']) }}"
+            ),
+            r#""\u00e9\n\"\u0001"[1,2]"#
+        );
+        // A map's own order, too, when a template iterates it.
+        assert_eq!(render("{% for k in tools[0].function.parameters %}{{ k }}{% endfor %}"), "zam");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //!
 //! History tool calls and tool results are kept: a template that renders tools gets
 //! them in the Hugging Face shape (`tool_calls` with arguments as objects, `role:
-//! "tool"` with `tool_call_id`); any other template gets corral's fallback (calls
+//! "tool"` with `tool_call_id`; a call's turn without text has content `""`, never null,
+//! as llama.cpp gives it: Qwen 3's template tests `'</think>' in message.content`, which
+//! fails on null); any other template gets corral's fallback (calls
 //! written into the assistant's text in the fallback syntax, results as a user turn in
 //! `<tool_response>`). Text the server must add — the fallback tool prompt, the
 //! instruction of an unenforced constraint — goes in front of the system turn.
@@ -133,9 +135,6 @@ pub fn template_messages(turns: &[Turn], fmt: &ToolFormat, system: &[String]) ->
 fn native(t: &Turn) -> ChatMessage {
     let mut m = ChatMessage::new(t.role, &t.text);
     if !t.calls.is_empty() {
-        if t.text.is_empty() {
-            m.content = None;
-        }
         m.tool_calls = Some(
             t.calls
                 .iter()
@@ -191,7 +190,7 @@ mod tests {
         let fmt = ToolFormat { syntax: Syntax::Hermes, native: true, marker_token: None };
         let out = template_messages(&t, &fmt, &[]);
         assert_eq!(out.len(), 4);
-        assert_eq!(out[1].content, None);
+        assert_eq!(out[1].content.as_deref(), Some(""), "a call's turn without text: empty content, not null");
         let calls = out[1].tool_calls.as_ref().unwrap();
         assert_eq!(calls[1]["function"]["arguments"]["city"], "Rome");
         assert_eq!(calls[0]["id"], "c1");
@@ -223,13 +222,35 @@ mod tests {
         let out = t.render(&msgs, Some(&tools), true).unwrap();
         // (The template's own whitespace is trimmed by minijinja's block options.)
         assert!(out.starts_with("<|im_start|>system\n<tools>{"), "{out}");
-        assert!(out.contains("\"name\":\"get_weather\""), "{out}");
+        // `tojson` as Python's `json.dumps`, the tool's keys in the order given.
+        assert!(out.contains("{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""), "{out}");
         assert!(
-            out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Rome\"}}\n</tool_call>"),
+            out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"),
             "{out}"
         );
         assert!(out.contains("<tool_response>\n24C\n</tool_response>"), "{out}");
         assert!(out.ends_with("<|im_start|>assistant\n"), "{out}");
+    }
+
+    /// Qwen 3's template reads every assistant turn's content as a string (its
+    /// `'</think>' in message.content`, written here in that shape): a turn that only
+    /// calls tools renders, as llama.cpp renders it.
+    #[test]
+    fn a_call_turn_without_text_renders_in_a_template_that_reads_its_content() {
+        use crate::chat::ChatTemplate;
+        let src = concat!(
+            "{%- for m in messages %}{%- if m.role == 'assistant' %}",
+            "{%- set content = m.content.split('</think>')[-1] if '</think>' in m.content else m.content %}",
+            "[{{ content }}{% for tc in m.tool_calls %}<tool_call>{{ tc.function.arguments | tojson }}{% endfor %}]",
+            "{%- else %}<{{ m.role }}:{{ m.content }}>{% endif %}{%- endfor %}",
+        );
+        let fmt = ToolFormat { syntax: Syntax::Hermes, native: true, marker_token: None };
+        let t = ChatTemplate::new(Some(src), None, "", "", false).unwrap();
+        let out = t.render(&template_messages(&turns(&msgs(HISTORY)).unwrap(), &fmt, &[]), None, false).unwrap();
+        assert_eq!(
+            out,
+            r#"<user:Weather in Paris and Rome?>[<tool_call>{"city": "Paris"}<tool_call>{"city": "Rome"}]<tool:18C><tool:24C>"#
+        );
     }
 
     #[test]
