@@ -148,6 +148,19 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// Why `--device auto` keeps this model on the CPU: its family's CUDA path (Q/K/V
+    /// biases, head norms, fused weights, scaled rotary tables, the attention temperature)
+    /// has op and whole-model tests against the CPU that have not run on a GPU yet. An
+    /// explicit `--device cuda:N` runs it on the GPU.
+    /// `rope_freqs`: whether the file has Llama 3.1's frequency factors.
+    pub fn gpu_unproven(&self, rope_freqs: bool) -> Option<String> {
+        let scaled = rope_freqs || self.rope_scaling != RopeScaling::NONE || self.attn_temperature.is_some();
+        match self.arch {
+            Arch::Llama | Arch::Gemma3 if !scaled => None,
+            a => Some(format!("{}'s CUDA path is not yet verified on a GPU", a.name())),
+        }
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |key: &str| Err(Error::Metadata { key: key.to_owned() });
         if self.n_layers == 0 || self.n_layers > 1024 {
@@ -263,7 +276,40 @@ impl AttnTemperature {
 
 #[cfg(test)]
 mod tests {
-    use super::{Arch, AttnTemperature};
+    use super::{Arch, AttnTemperature, RopeScaling};
+
+    #[test]
+    fn auto_keeps_the_families_not_yet_run_on_a_gpu_on_the_cpu() {
+        let cfg = |arch, rope_scaling, attn_temperature| super::ModelConfig {
+            arch,
+            n_layers: 2,
+            hidden: 64,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            ffn: 128,
+            vocab: 100,
+            ctx_train: 4096,
+            rms_eps: 1e-5,
+            rope_base: 1e4,
+            rope_scaling,
+            attn_temperature,
+            rope_base_local: 1e4,
+            sliding_window: None,
+            is_swa: vec![false; 2],
+        };
+        let none = RopeScaling::NONE;
+        assert_eq!(cfg(Arch::Llama, none, None).gpu_unproven(false), None);
+        assert_eq!(cfg(Arch::Gemma3, none, None).gpu_unproven(false), None);
+        assert!(cfg(Arch::Llama, none, None).gpu_unproven(true).is_some(), "Llama 3.1's rope_freqs");
+        let yarn = RopeScaling { freq_scale: 0.25, ext_factor: 1.0, ..none };
+        assert!(cfg(Arch::Llama, yarn, None).gpu_unproven(false).is_some());
+        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Mistral3, Arch::Phi3] {
+            assert!(cfg(a, none, None).gpu_unproven(false).is_some(), "{a:?}");
+        }
+        let t = AttnTemperature { scale: 0.1, floor: 16 };
+        assert!(cfg(Arch::Llama, none, Some(t)).gpu_unproven(false).is_some());
+    }
 
     #[test]
     fn attention_temperature_is_one_below_the_floor_then_grows_per_floor_step() {

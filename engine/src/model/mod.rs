@@ -86,8 +86,14 @@ impl Model {
             DeviceChoice::Cuda(n) => Some(CudaBackend::open(n)?),
             DeviceChoice::Auto => CudaBackend::try_open_default(),
         };
+        let unproven = config.gpu_unproven(g.has_tensor("rope_freqs.weight"));
         let on_gpu = match gpu {
             None => None,
+            Some(_) if device == DeviceChoice::Auto && unproven.is_some() => {
+                let reason = unproven.unwrap_or_default();
+                tracing::info!(%reason, "model stays on the CPU (--device cuda runs it on the GPU)");
+                None
+            }
             Some(b) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
                 Ok(arch) => Some((arch, b)),
                 Err(e) if device == DeviceChoice::Auto => {
