@@ -99,23 +99,6 @@ fn margin_noise(kind: &str) -> f64 {
     }
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
-}
-
-/// The top logit minus the runner-up.
-fn margin(row: &[f32]) -> f64 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in row {
-        if v > a {
-            (a, b) = (v, a);
-        } else if v > b {
-            b = v;
-        }
-    }
-    f64::from(a - b)
-}
-
 /// Greedy tokens after `prompt`, as many as `n`, one sequence alone, with the top-2
 /// logit margin at each step.
 fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f64>) {

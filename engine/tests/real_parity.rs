@@ -72,23 +72,6 @@ fn prompts_and_chats_equal_llama_cpp(name: &str) {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
-}
-
-/// The top logit minus the runner-up.
-fn margin(row: &[f32]) -> f64 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in row {
-        if v > a {
-            (a, b) = (v, a);
-        } else if v > b {
-            b = v;
-        }
-    }
-    f64::from(a - b)
-}
-
 /// Teacher-forced along llama.cpp's serial greedy run (its tokens fed back, so every
 /// step stays comparable): at every step corral's top-2 margin is within `drift` of
 /// llama.cpp's, and its argmax is llama.cpp's token wherever llama.cpp's margin exceeds

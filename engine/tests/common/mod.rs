@@ -30,3 +30,21 @@ pub fn fixture(name: &str) -> serde_json::Value {
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
+
+/// The first index of the largest logit (the greedy token).
+pub fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
+}
+
+/// The top logit minus the runner-up.
+pub fn margin(row: &[f32]) -> f64 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in row {
+        if v > a {
+            (a, b) = (v, a);
+        } else if v > b {
+            b = v;
+        }
+    }
+    f64::from(a - b)
+}

@@ -117,32 +117,16 @@ fn iq4_nl_vec_dot(w: &[BlockIq4Nl], a: &[ActQ8]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::super::act::{quantize_q8_0, quantize_q8_1};
+    use super::super::testing::{block_bytes, close};
     use super::*;
 
     fn acts() -> Vec<f32> {
         (0..4 * QK).map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0).collect()
     }
 
-    fn bytes(size: usize, halves: &[usize]) -> Vec<u8> {
-        let mut b: Vec<u8> = (0..4 * size).map(|i| ((i * 2654435761) >> 9) as u8).collect();
-        for blk in b.chunks_exact_mut(size) {
-            for (k, &h) in halves.iter().enumerate() {
-                blk[h..h + 2].copy_from_slice(&f16::from_f32(0.01 + 0.005 * k as f32).to_le_bytes());
-            }
-        }
-        b
-    }
-
-    /// `got` equals the plain dot product within float noise.
-    fn close(got: f32, weights: &[f32], acts: &[f32]) {
-        let want: f64 = weights.iter().zip(acts).map(|(&w, &x)| w as f64 * x as f64).sum();
-        let scale: f64 = weights.iter().zip(acts).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
-        assert!((got as f64 - want).abs() <= 1e-5 * scale.max(1.0), "{got} vs {want}");
-    }
-
     #[test]
     fn q5_1_matches_plain_dot() {
-        let b = bytes(24, &[0, 2]);
+        let b = block_bytes(24, &[0, 2], 4, 0);
         let a = quantize_q8_1(&acts());
         // Per block, d·q against the dequantized activations, then the minimum against
         // the block's sum as ggml keeps it (`s`, rounded to f16): one extra product.
@@ -163,7 +147,7 @@ mod tests {
 
     #[test]
     fn iq4_nl_matches_plain_dot() {
-        let b = bytes(18, &[0]);
+        let b = block_bytes(18, &[0], 4, 0);
         let a = quantize_q8_0(&acts());
         let x: Vec<f32> = a.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d)).collect();
         let w: Vec<f32> = b

@@ -212,9 +212,8 @@ pub(crate) fn iq4_xs_q8_k(w: &[BlockIq4Xs], a: &[ActQ8K]) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use half::f16;
-
     use super::super::act::{Q8KSign, quantize_q8_k};
+    use super::super::testing::{block_bytes, close};
     use super::*;
 
     /// Activations of two super-blocks and their dequantized values.
@@ -223,24 +222,6 @@ mod tests {
         let a = quantize_q8_k(&x, Q8KSign::FirstMax);
         let deq = a.iter().flat_map(|b| b.qs.iter().map(move |&q| q as f32 * b.d)).collect();
         (a, deq)
-    }
-
-    /// Pseudo-random block bytes with the f16 fields at `halves` set to small scales.
-    fn block_bytes(size: usize, halves: &[usize], seed: usize) -> Vec<u8> {
-        let mut b: Vec<u8> = (0..2 * size).map(|i| ((i * 2654435761 + seed * 97) >> 9) as u8).collect();
-        for blk in b.chunks_exact_mut(size) {
-            for (k, &h) in halves.iter().enumerate() {
-                blk[h..h + 2].copy_from_slice(&f16::from_f32(0.01 + 0.005 * k as f32).to_le_bytes());
-            }
-        }
-        b
-    }
-
-    /// `got` equals the plain dot product of the dequantized weights within float noise.
-    fn close(got: f32, weights: &[f32], acts: &[f32]) {
-        let want: f64 = weights.iter().zip(acts).map(|(&w, &x)| w as f64 * x as f64).sum();
-        let scale: f64 = weights.iter().zip(acts).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
-        assert!((got as f64 - want).abs() <= 1e-5 * scale.max(1.0), "{got} vs {want}");
     }
 
     /// Dequantization straight from the bytes, as ggml's `dequantize_row_*` reads them.
@@ -258,7 +239,7 @@ mod tests {
 
     #[test]
     fn q2_k_matches_plain_dot() {
-        let b = block_bytes(84, &[80, 82], 1);
+        let b = block_bytes(84, &[80, 82], 2, 1);
         let (a, x) = act();
         let w: Vec<f32> = b.chunks_exact(84).flat_map(deq_q2_k).collect();
         close(q2_k_q8_k(&parse_q2_k(&b), &a), &w, &x);
@@ -266,7 +247,7 @@ mod tests {
 
     #[test]
     fn q3_k_matches_plain_dot() {
-        let b = block_bytes(110, &[108], 2);
+        let b = block_bytes(110, &[108], 2, 2);
         let (a, x) = act();
         let w: Vec<f32> = b
             .chunks_exact(110)
@@ -296,7 +277,7 @@ mod tests {
 
     #[test]
     fn q5_k_matches_plain_dot() {
-        let b = block_bytes(176, &[0, 2], 3);
+        let b = block_bytes(176, &[0, 2], 2, 3);
         let (a, x) = act();
         let w: Vec<f32> = b
             .chunks_exact(176)
@@ -317,7 +298,7 @@ mod tests {
 
     #[test]
     fn iq4_xs_matches_plain_dot() {
-        let b = block_bytes(136, &[0], 4);
+        let b = block_bytes(136, &[0], 2, 4);
         let (a, x) = act();
         let w: Vec<f32> = b
             .chunks_exact(136)

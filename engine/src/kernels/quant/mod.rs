@@ -26,6 +26,8 @@ mod ktile;
 mod kvec;
 mod simd;
 mod stream;
+#[cfg(test)]
+mod testing;
 mod tile;
 
 use candle_core::quantized::GgmlDType;
