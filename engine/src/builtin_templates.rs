@@ -110,6 +110,14 @@ mod tests {
     }
 
     #[test]
+    fn the_protocol_names_each_familys_builtin_as_the_engine_chooses_it() {
+        for arch in Arch::ALL {
+            let engine = choose(arch, |_| false).map(|b| b.name);
+            assert_eq!(corral_protocol::builtin_template(arch.name()), engine, "{arch:?}");
+        }
+    }
+
+    #[test]
     fn each_family_gets_its_own_turn_format() {
         let (name, out) = render(Arch::Qwen3, &[]);
         assert_eq!(name, "chatml");

@@ -30,7 +30,7 @@ pub enum Arch {
 }
 
 impl Arch {
-    const ALL: [Arch; 6] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3, Arch::Phi3];
+    pub(crate) const ALL: [Arch; 6] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3, Arch::Phi3];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
     /// (`corral_protocol::ARCHITECTURES` lists the same names).

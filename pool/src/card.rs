@@ -1,8 +1,9 @@
 //! A model's `/v1/models` card before its engine has ever run: read from the GGUF
 //! header (`gguf_meta`), never by loading the model. What the engine will offer follows
 //! the same rules the engine applies (`Capabilities::of_engine`): the chat APIs need a
-//! chat template — the file's, a `--chat-template` file, or the built-in one for
-//! Gemma 3 — and the context is `--ctx` (default 4,096) within the training context.
+//! chat template — the file's, a `--chat-template` file, or the family's built-in one
+//! (`corral_protocol::builtin_template`; a `llama` file without a template is promised
+//! none here, as its format follows its vocabulary) — and the context is `--ctx` (default 4,096) within the training context.
 //! Once an engine has run, its own card replaces this one.
 
 use corral_protocol::launch::{EngineOptions, effective_ctx};
@@ -10,9 +11,6 @@ use corral_protocol::openai::{Capabilities, ModelCard};
 
 use crate::gguf_meta::{GgufMeta, GgufMetaError};
 use crate::registry::ModelEntry;
-
-/// Architectures with a built-in chat template, for files that carry none.
-const BUILTIN_TEMPLATES: [(&str, &str); 1] = [("gemma3", "builtin:gemma")];
 
 pub fn from_header(entry: &ModelEntry, meta: Result<GgufMeta, GgufMetaError>, opts: &EngineOptions) -> ModelCard {
     let card = ModelCard::new(entry.id.to_string(), entry.modified);
@@ -28,7 +26,7 @@ pub fn from_header(entry: &ModelEntry, meta: Result<GgufMeta, GgufMetaError>, op
     } else if meta.chat_template.as_deref().is_some_and(|t| !t.trim().is_empty()) {
         Some("gguf".to_owned())
     } else {
-        BUILTIN_TEMPLATES.iter().find(|(a, _)| *a == meta.arch).map(|(_, n)| (*n).to_owned())
+        corral_protocol::builtin_template(&meta.arch).map(|n| format!("builtin:{n}"))
     };
     let runs = corral_protocol::ARCHITECTURES.contains(&meta.arch.as_str());
     let mut caps = Capabilities::of_engine(runs && template.is_some());
@@ -78,6 +76,9 @@ mod tests {
         let c = from_header(&entry(), meta("gemma3", None, Some("  ")), &opts);
         assert_eq!(c.chat_template.as_deref(), Some("builtin:gemma"));
         assert!(c.capabilities.unwrap().responses);
+        let c = from_header(&entry(), meta("qwen2", None, None), &opts);
+        assert_eq!(c.chat_template.as_deref(), Some("builtin:chatml"));
+        assert!(c.capabilities.unwrap().chat_completions);
 
         let mut with_file = EngineOptions::default();
         with_file.sampling.chat_template = Some("/t.jinja".into());

@@ -23,4 +23,18 @@ pub use error::{ApiError, ApiShape, ErrorKind, Rendered};
 /// The GGUF architectures (`general.architecture`) corral's engine runs: the one list the
 /// engine's loader, `/v1/models` cards, `corral fit` and `pull`'s preflight agree on.
 pub const ARCHITECTURES: [&str; 6] = ["llama", "gemma3", "qwen2", "qwen3", "mistral3", "phi3"];
+
+/// The built-in chat template the engine gives a file of `arch` that carries none, where
+/// the architecture alone decides it (the engine's `builtin_templates::choose`; a test
+/// there keeps the two equal). `llama` is not here: its format follows the vocabulary's
+/// special tokens, which only the engine reads.
+pub fn builtin_template(arch: &str) -> Option<&'static str> {
+    match arch {
+        "gemma3" => Some("gemma"),
+        "qwen2" | "qwen3" => Some("chatml"),
+        "mistral3" => Some("mistral-v7-tekken"),
+        "phi3" => Some("phi3"),
+        _ => None,
+    }
+}
 pub use model_id::{MAX_MODEL_ID_LEN, ModelId, ModelIdError};
