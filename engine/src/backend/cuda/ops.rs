@@ -9,6 +9,7 @@ use super::programs::{EMBED, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
 use crate::config::AttnTemperature;
 use crate::error::{Error, Result};
+use crate::gguf::Stored;
 use crate::kernels::rope::RopeStyle;
 
 /// Activation rows one GEMV launch takes (`MAXM` in `gemv.cu`).
@@ -23,20 +24,40 @@ pub enum ActFormat {
     Q8_1,
     /// Super-blocks of 256, f32 scale, sums of 16.
     Q8K,
+    /// Plain f32 values (F16 weights: the CPU widens them to f32 and multiplies f32
+    /// activations, candle's `QMatMul`), kept in `DeviceAct::d`, one per value.
+    F32,
+    /// f32 values rounded to bf16 as the CPU's BF16 kernel rounds them
+    /// (`GGML_FP32_TO_BF16`), kept widened in `DeviceAct::d`.
+    Bf16,
 }
 
 impl ActFormat {
-    pub fn for_weights(dtype: GgmlDType) -> Option<Self> {
+    pub fn for_weights(dtype: Stored) -> Option<Self> {
+        use GgmlDType::*;
         match dtype {
-            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 => Some(Self::Q8_0),
-            GgmlDType::Q4_1 => Some(Self::Q8_1),
-            GgmlDType::Q4K | GgmlDType::Q6K => Some(Self::Q8K),
+            Stored::Ggml(Q4_0 | Q5_0 | Q8_0) | Stored::Iq4Nl => Some(Self::Q8_0),
+            Stored::Ggml(Q4_1 | Q5_1) => Some(Self::Q8_1),
+            Stored::Ggml(Q2K | Q3K | Q4K | Q5K | Q6K) | Stored::Iq4Xs => Some(Self::Q8K),
+            Stored::Ggml(F16) => Some(Self::F32),
+            Stored::Ggml(BF16) => Some(Self::Bf16),
             _ => None,
         }
     }
 
+    /// Values per scale: 32 or 256; 1 for the unquantized formats, whose values are
+    /// stored in the scales' array.
     pub(crate) fn block(self) -> usize {
-        if self == Self::Q8K { 256 } else { 32 }
+        match self {
+            Self::Q8_0 | Self::Q8_1 => 32,
+            Self::Q8K => 256,
+            Self::F32 | Self::Bf16 => 1,
+        }
+    }
+
+    /// Whether the values are kept as floats (no int8 quantization).
+    pub(crate) fn is_float(self) -> bool {
+        matches!(self, Self::F32 | Self::Bf16)
     }
 }
 
@@ -99,10 +120,32 @@ pub(super) fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig
     Ok(LaunchConfig { grid_dim: (int(grid)? as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 })
 }
 
-/// The kernels' number for a weight format (`type` in `gemv.cu` / `embed.cu`).
-pub(crate) fn type_index(dtype: GgmlDType) -> Result<usize> {
-    let all = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
-    all.iter()
+/// Every weight format with CUDA kernels, in the kernels' numbering (`type` in
+/// `gemv.cu` / `embed.cu`; the kernel name arrays of `gemv.rs` and `gemm.rs` follow it).
+pub(crate) const KERNEL_TYPES: [Stored; 14] = {
+    use GgmlDType::*;
+    [
+        Stored::Ggml(Q4_0),
+        Stored::Ggml(Q4_1),
+        Stored::Ggml(Q5_0),
+        Stored::Ggml(Q8_0),
+        Stored::Ggml(Q4K),
+        Stored::Ggml(Q6K),
+        Stored::Ggml(Q5_1),
+        Stored::Iq4Nl,
+        Stored::Ggml(Q5K),
+        Stored::Ggml(Q3K),
+        Stored::Ggml(Q2K),
+        Stored::Iq4Xs,
+        Stored::Ggml(F16),
+        Stored::Ggml(BF16),
+    ]
+};
+
+/// The kernels' number for a weight format (`KERNEL_TYPES`).
+pub(crate) fn type_index(dtype: Stored) -> Result<usize> {
+    KERNEL_TYPES
+        .iter()
         .position(|&t| t == dtype)
         .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
 }
@@ -179,7 +222,41 @@ impl Gpu {
                 // SAFETY: as above; bsums holds 16 per super-block.
                 unsafe { b.launch(cfg) }.map_err(drv("quantize_q8_k"))?;
             }
+            ActFormat::F32 | ActFormat::Bf16 => return self.float_act(x, act),
         }
+        Ok(())
+    }
+
+    /// The float formats' "quantization": `x` copied into `act.d`, rounded to bf16 for
+    /// `Bf16` (the CPU's `acts_bf16`).
+    pub(crate) fn float_act(&self, x: &CudaSlice<f32>, act: &mut DeviceAct) -> Result<()> {
+        let n = act.rows * act.k;
+        shape(x.len() >= n && act.d.len() >= n, || format!("x has {} values, need {n}", x.len()))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "float_act")?;
+        let (ni, bf16) = (int(n)?, i32::from(act.format == ActFormat::Bf16));
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&mut act.d).arg(&ni).arg(&bf16);
+        // SAFETY: x and act.d hold n values each (checked).
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("float_act"))?;
+        Ok(())
+    }
+
+    /// A float activation's values, already in `act.d`, rounded to bf16 in place for
+    /// `Bf16` (nothing for `F32`).
+    pub(crate) fn round_act(&self, act: &mut DeviceAct) -> Result<()> {
+        let n = act.rows * act.k;
+        if act.format != ActFormat::Bf16 || n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "round_bf16")?;
+        let ni = int(n)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut act.d).arg(&ni);
+        // SAFETY: act.d holds rows*k values (`DeviceAct::alloc` with block 1).
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("round_bf16"))?;
         Ok(())
     }
 
