@@ -16,10 +16,11 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 
 use super::device::{Gpu, drv};
+use super::formats::KERNEL_TYPES;
 use super::gemm::{Prefill, gemm_min_rows};
 use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
-use super::ops::{ActFormat, DeviceAct, KERNEL_TYPES, RopeSpec, ScaledRope};
+use super::ops::{ActFormat, DeviceAct, RopeSpec, ScaledRope};
 use super::rope::RopeTables;
 use super::weights::{DeviceWeights, MatrixBytes};
 use crate::backend::batch::{Row, Spans, split};

@@ -14,7 +14,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfi
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::ops::{ActFormat, DeviceAct, type_index};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct};
 use super::programs::EMBED;
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};

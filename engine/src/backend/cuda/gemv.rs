@@ -12,7 +12,8 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::device::{Gpu, drv};
-use super::ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, blocks_of, int, shape, type_index};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, blocks_of, int, shape};
 use super::programs::GEMV;
 use super::weights::DeviceWeights;
 use crate::error::Result;

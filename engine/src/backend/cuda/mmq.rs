@@ -9,7 +9,8 @@ use std::ops::Range;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
-use super::ops::{ActFormat, DeviceAct, type_index};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct};
 use super::programs::MMQ;
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};

@@ -1,65 +1,19 @@
 //! Host side of the op kernels: shape checks, launch geometry, and one method per op
 //! on `Gpu`. All ops are queued on the device's one stream; nothing here synchronizes.
 
-use candle_core::quantized::GgmlDType;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
+pub use super::formats::ActFormat;
+use super::formats::type_index;
 use super::programs::{EMBED, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
 use crate::config::AttnTemperature;
 use crate::error::{Error, Result};
-use crate::gguf::Stored;
 use crate::kernels::rope::RopeStyle;
 
 /// Activation rows one GEMV launch takes (`MAXM` in `gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 8;
-
-/// How activations are quantized for a weight format (as the CPU kernels pair them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActFormat {
-    /// Blocks of 32, f16 scale.
-    Q8_0,
-    /// Q8_0 plus f16(d * sum(q)).
-    Q8_1,
-    /// Super-blocks of 256, f32 scale, sums of 16.
-    Q8K,
-    /// Plain f32 values (F16 weights: the CPU widens them to f32 and multiplies f32
-    /// activations, candle's `QMatMul`), kept in `DeviceAct::d`, one per value.
-    F32,
-    /// f32 values rounded to bf16 as the CPU's BF16 kernel rounds them
-    /// (`GGML_FP32_TO_BF16`), kept widened in `DeviceAct::d`.
-    Bf16,
-}
-
-impl ActFormat {
-    pub fn for_weights(dtype: Stored) -> Option<Self> {
-        use GgmlDType::*;
-        match dtype {
-            Stored::Ggml(Q4_0 | Q5_0 | Q8_0) | Stored::Iq4Nl => Some(Self::Q8_0),
-            Stored::Ggml(Q4_1 | Q5_1) => Some(Self::Q8_1),
-            Stored::Ggml(Q2K | Q3K | Q4K | Q5K | Q6K) | Stored::Iq4Xs => Some(Self::Q8K),
-            Stored::Ggml(F16) => Some(Self::F32),
-            Stored::Ggml(BF16) => Some(Self::Bf16),
-            _ => None,
-        }
-    }
-
-    /// Values per scale: 32 or 256; 1 for the unquantized formats, whose values are
-    /// stored in the scales' array.
-    pub(crate) fn block(self) -> usize {
-        match self {
-            Self::Q8_0 | Self::Q8_1 => 32,
-            Self::Q8K => 256,
-            Self::F32 | Self::Bf16 => 1,
-        }
-    }
-
-    /// Whether the values are kept as floats (no int8 quantization).
-    pub(crate) fn is_float(self) -> bool {
-        matches!(self, Self::F32 | Self::Bf16)
-    }
-}
 
 /// The shape and kind of a rotary embedding.
 #[derive(Clone, Copy, Debug)]
@@ -118,36 +72,6 @@ pub(super) fn int(v: usize) -> Result<i32> {
 pub(super) fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
     let grid = threads.div_ceil(per_block).max(1);
     Ok(LaunchConfig { grid_dim: (int(grid)? as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 })
-}
-
-/// Every weight format with CUDA kernels, in the kernels' numbering (`type` in
-/// `gemv.cu` / `embed.cu`; the kernel name arrays of `gemv.rs` and `gemm.rs` follow it).
-pub(crate) const KERNEL_TYPES: [Stored; 14] = {
-    use GgmlDType::*;
-    [
-        Stored::Ggml(Q4_0),
-        Stored::Ggml(Q4_1),
-        Stored::Ggml(Q5_0),
-        Stored::Ggml(Q8_0),
-        Stored::Ggml(Q4K),
-        Stored::Ggml(Q6K),
-        Stored::Ggml(Q5_1),
-        Stored::Iq4Nl,
-        Stored::Ggml(Q5K),
-        Stored::Ggml(Q3K),
-        Stored::Ggml(Q2K),
-        Stored::Iq4Xs,
-        Stored::Ggml(F16),
-        Stored::Ggml(BF16),
-    ]
-};
-
-/// The kernels' number for a weight format (`KERNEL_TYPES`).
-pub(crate) fn type_index(dtype: Stored) -> Result<usize> {
-    KERNEL_TYPES
-        .iter()
-        .position(|&t| t == dtype)
-        .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
 }
 
 /// Views of a `DeviceAct` from one row on, pushed as a kernel's four activation

@@ -191,7 +191,7 @@ pub(super) fn cpu_matmul(dtype: Stored, bytes: &[u8], x: &[f32], m: usize, k: us
 }
 
 /// Every format with CUDA kernels.
-pub(super) const TYPES: [Stored; 14] = ops::KERNEL_TYPES;
+pub(super) const TYPES: [Stored; 14] = super::formats::KERNEL_TYPES;
 
 /// Bound for every quantized GEMV: integer block sums are exact on both sides, only the
 /// order of the f32 block accumulation differs (measured ~1e-7).
