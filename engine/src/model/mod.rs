@@ -86,7 +86,8 @@ impl Model {
             DeviceChoice::Cuda(n) => Some(CudaBackend::open(n)?),
             DeviceChoice::Auto => CudaBackend::try_open_default(),
         };
-        let unproven = config.gpu_unproven(g.has_tensor("rope_freqs.weight"));
+        let unproven =
+            config.gpu_unproven(g.has_tensor("rope_freqs.weight")).or_else(|| crate::backend::cuda::unproven_format(g));
         let on_gpu = match gpu {
             None => None,
             Some(_) if device == DeviceChoice::Auto && unproven.is_some() => {

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaSlice;
 
 use super::device::{Gpu, drv};
+use super::formats::KERNEL_TYPES;
 use super::gemm::{Prefill, gemm_min_rows};
 use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
@@ -26,7 +27,7 @@ use crate::backend::batch::{Row, Spans, split};
 use crate::backend::{Backend, DeviceKind, Gate, Rotary};
 use crate::config::AttnTemperature;
 use crate::error::{Error, Result};
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, Stored};
 use crate::kernels::AttnSpec;
 use crate::kernels::rope::{RopeAngles, RopeStyle};
 
@@ -154,11 +155,16 @@ impl CudaBackend {
                 reason: format!("shape {dims:?}, expected [{n}, {k}]"),
             });
         }
-        let (bytes, dtype) = g.raw_rows(name, rows.clone())?;
+        let (bytes, dtype) = g.raw_rows_stored(name, rows.clone())?;
         if ActFormat::for_weights(dtype).is_none() {
+            let name_of = |t: &Stored| match t {
+                Stored::Ggml(d) => format!("{d:?}"),
+                other => format!("{other:?}"),
+            };
+            let have: Vec<String> = KERNEL_TYPES.iter().map(name_of).collect();
             return Err(Error::Tensor {
                 name: name.to_owned(),
-                reason: format!("{dtype:?} has no CUDA kernel (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K do)"),
+                reason: format!("{} has no CUDA kernel ({} do)", name_of(&dtype), have.join(", ")),
             });
         }
         DeviceWeights::upload(&self.gpu, MatrixBytes { name, dtype, bytes, k, n: rows.len() })

@@ -76,6 +76,11 @@ impl RowQuant {
 impl Gpu {
     /// `act` = the quantized rows of `rms_norm(x, w, eps)` (`x` is `[act.rows][act.k]`).
     pub fn norm_quantize(&self, x: &CudaSlice<f32>, w: &CudaSlice<f32>, eps: f32, act: &mut DeviceAct) -> Result<()> {
+        if act.format.is_float() {
+            // No quantization to fuse: the norm writes the values in place of it.
+            self.rms_norm(x, w, &mut act.d, eps)?;
+            return self.round_act(act);
+        }
         let Some(r) = RowQuant::new(act, w, &[x.len()])? else { return Ok(()) };
         let f = self.function(&QUANTIZE, "norm_quantize")?;
         let mut b = self.stream.launch_builder(&f);
@@ -96,6 +101,10 @@ impl Gpu {
         eps: f32,
         act: &mut DeviceAct,
     ) -> Result<()> {
+        if act.format.is_float() {
+            self.add(x, y)?;
+            return self.norm_quantize(x, w, eps, act);
+        }
         let Some(r) = RowQuant::new(act, w, &[x.len(), y.len()])? else { return Ok(()) };
         let f = self.function(&QUANTIZE, "add_norm_quantize")?;
         let mut b = self.stream.launch_builder(&f);
@@ -111,6 +120,16 @@ impl Gpu {
         let n = act.rows * act.k;
         if g.len() != n || u.len() < n {
             return Err(bad(format!("g {} / u {} values, need {n}", g.len(), u.len())));
+        }
+        if act.format.is_float() {
+            // The unfused op's kernels on a copy of g in the activation's values.
+            let mut v = act.d.slice_mut(..n);
+            self.stream.memcpy_dtod(g, &mut v).map_err(drv("copy gate"))?;
+            match gate {
+                Gate::Gelu => self.gelu_mul(&mut act.d, u)?,
+                Gate::Silu => self.silu_mul(&mut act.d, u)?,
+            }
+            return self.round_act(act);
         }
         let nblocks = n / act.format.block();
         if nblocks == 0 {

@@ -14,7 +14,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfi
 use half::f16;
 
 use super::device::{Gpu, drv};
-use super::ops::{DeviceAct, type_index};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct};
 use super::programs::EMBED;
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
@@ -65,6 +66,13 @@ impl Prefill {
     }
 }
 
+/// Whether the GEMM of weights taking activations of `format` is f32 whatever the
+/// prefill width: BF16's (bf16 values past f16's range or below its normals would not
+/// survive the f16 rounding; the f32 GEMM multiplies them exactly).
+fn f32_for(format: Option<ActFormat>) -> bool {
+    format == Some(ActFormat::Bf16)
+}
+
 /// A matrix or activations widened for cuBLAS.
 pub(crate) enum Wide {
     F16(CudaSlice<f16>),
@@ -101,13 +109,15 @@ impl Gpu {
         Prefill::choose(wanted.as_deref(), self.has_mmq(), self.has_gemm())
     }
 
-    /// `w` widened for `prefill` (F16 or F32), `[n][k]`.
+    /// `w` widened for `prefill` (F16 or F32), `[n][k]`. BF16 weights always go to f32:
+    /// f16's range would overflow or flush some of their values (`f32_for`).
     pub(crate) fn dequant_wide(&self, w: &DeviceWeights, prefill: Prefill) -> Result<Wide> {
-        if prefill == Prefill::F32 {
+        if prefill == Prefill::F32 || f32_for(ActFormat::for_weights(w.dtype)) {
             return self.dequant_f32(w).map(Wide::F32);
         }
         // SAFETY: f16 has no invalid bit patterns; the kernel writes all n*k values.
         let mut out = unsafe { self.stream.alloc::<f16>(w.n * w.k) }.map_err(drv("alloc f16 weights"))?;
+        // In `KERNEL_TYPES` order.
         let names = [
             "dequant_f16_q4_0",
             "dequant_f16_q4_1",
@@ -115,6 +125,14 @@ impl Gpu {
             "dequant_f16_q8_0",
             "dequant_f16_q4_k",
             "dequant_f16_q6_k",
+            "dequant_f16_q5_1",
+            "dequant_f16_iq4_nl",
+            "dequant_f16_q5_k",
+            "dequant_f16_q3_k",
+            "dequant_f16_q2_k",
+            "dequant_f16_iq4_xs",
+            "dequant_f16_f16",
+            "dequant_f16_bf16",
         ];
         let f = self.function(&EMBED, names[type_index(w.dtype)?])?;
         let groups = (w.n * w.k / 8).div_ceil(256);
@@ -130,7 +148,9 @@ impl Gpu {
     /// Quantized activations widened for `prefill` (F16 or F32), `[rows][k]`.
     pub(crate) fn dequant_act_wide(&self, act: &DeviceAct, prefill: Prefill) -> Result<Wide> {
         match prefill {
-            Prefill::F32 => self.widen_act(act, "dequant_act").map(Wide::F32),
+            _ if prefill == Prefill::F32 || f32_for(Some(act.format)) => {
+                self.widen_act(act, "dequant_act").map(Wide::F32)
+            }
             _ => self.widen_act(act, "dequant_act_f16").map(Wide::F16),
         }
     }
@@ -164,8 +184,15 @@ impl Gpu {
         };
         let (ni, block) = (n as i32, act.format.block() as i32);
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&act.qs).arg(&act.d).arg(&mut out).arg(&ni).arg(&block);
-        // SAFETY: qs holds n values, d one per block of them; out holds n values of the
+        // The float formats' values are their `d`: no int8 values (null).
+        let null = 0u64;
+        if act.format.is_float() {
+            b.arg(&null);
+        } else {
+            b.arg(&act.qs);
+        }
+        b.arg(&act.d).arg(&mut out).arg(&ni).arg(&block);
+        // SAFETY: qs holds n values (or is null: d holds them), d one per block of them; out holds n values of the
         // kernel's output type (T is f32 for dequant_act, f16 for dequant_act_f16).
         unsafe { b.launch(cfg) }.map_err(drv("widen activations"))?;
         Ok(out)

@@ -12,16 +12,77 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::device::{Gpu, drv};
-use super::ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, blocks_of, int, shape, type_index};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, blocks_of, int, shape};
 use super::programs::GEMV;
 use super::weights::DeviceWeights;
 use crate::error::Result;
 
-const ONE: [&str; 6] = ["gemv1_q4_0", "gemv1_q4_1", "gemv1_q5_0", "gemv1_q8_0", "gemv1_q4_k", "gemv1_q6_k"];
-const ONE_X3: [&str; 6] =
-    ["gemv1x3_q4_0", "gemv1x3_q4_1", "gemv1x3_q5_0", "gemv1x3_q8_0", "gemv1x3_q4_k", "gemv1x3_q6_k"];
-const ROWS: [&str; 6] = ["gemv_q4_0", "gemv_q4_1", "gemv_q5_0", "gemv_q8_0", "gemv_q4_k", "gemv_q6_k"];
-const ROWS_X3: [&str; 6] = ["gemv3_q4_0", "gemv3_q4_1", "gemv3_q5_0", "gemv3_q8_0", "gemv3_q4_k", "gemv3_q6_k"];
+// Kernel names in `KERNEL_TYPES` order.
+const ONE: [&str; 14] = [
+    "gemv1_q4_0",
+    "gemv1_q4_1",
+    "gemv1_q5_0",
+    "gemv1_q8_0",
+    "gemv1_q4_k",
+    "gemv1_q6_k",
+    "gemv1_q5_1",
+    "gemv1_iq4_nl",
+    "gemv1_q5_k",
+    "gemv1_q3_k",
+    "gemv1_q2_k",
+    "gemv1_iq4_xs",
+    "gemv1_f16",
+    "gemv1_bf16",
+];
+const ONE_X3: [&str; 14] = [
+    "gemv1x3_q4_0",
+    "gemv1x3_q4_1",
+    "gemv1x3_q5_0",
+    "gemv1x3_q8_0",
+    "gemv1x3_q4_k",
+    "gemv1x3_q6_k",
+    "gemv1x3_q5_1",
+    "gemv1x3_iq4_nl",
+    "gemv1x3_q5_k",
+    "gemv1x3_q3_k",
+    "gemv1x3_q2_k",
+    "gemv1x3_iq4_xs",
+    "gemv1x3_f16",
+    "gemv1x3_bf16",
+];
+const ROWS: [&str; 14] = [
+    "gemv_q4_0",
+    "gemv_q4_1",
+    "gemv_q5_0",
+    "gemv_q8_0",
+    "gemv_q4_k",
+    "gemv_q6_k",
+    "gemv_q5_1",
+    "gemv_iq4_nl",
+    "gemv_q5_k",
+    "gemv_q3_k",
+    "gemv_q2_k",
+    "gemv_iq4_xs",
+    "gemv_f16",
+    "gemv_bf16",
+];
+const ROWS_X3: [&str; 14] = [
+    "gemv3_q4_0",
+    "gemv3_q4_1",
+    "gemv3_q5_0",
+    "gemv3_q8_0",
+    "gemv3_q4_k",
+    "gemv3_q6_k",
+    "gemv3_q5_1",
+    "gemv3_iq4_nl",
+    "gemv3_q5_k",
+    "gemv3_q3_k",
+    "gemv3_q2_k",
+    "gemv3_iq4_xs",
+    "gemv3_f16",
+    "gemv3_bf16",
+];
 
 /// One matrix of a `gemv3` launch (`Mat` in `gemv.cu`).
 #[repr(C)]
@@ -81,8 +142,8 @@ impl Gpu {
         shape(act.k == w.k, || format!("activations have k = {}, weights {}", act.k, w.k))?;
         shape(y.len() >= act.rows * w.n, || format!("y has {} values, need {}", y.len(), act.rows * w.n))?;
         let t = type_index(w.dtype)?;
-        let bs = act.format.block();
-        let kb = w.k / bs;
+        // Blocks of activation scales a row: the GEMV's `kb` (values for the float formats).
+        let kb = w.k / act.format.block();
         let (n, kbi) = (int(w.n)?, int(kb)?);
         const WARPS: usize = 4;
         let cfg = blocks_of(w.n * 32, WARPS * 32)?;

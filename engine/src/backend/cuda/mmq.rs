@@ -9,13 +9,24 @@ use std::ops::Range;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
-use super::ops::{ActFormat, DeviceAct, type_index};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct};
 use super::programs::MMQ;
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
+use crate::gguf::Stored;
 
 /// Weight rows and activation rows one CTA covers (`mmq.cu`).
 const TILE: usize = 64;
+
+/// The MMQ kernels: the first six of `KERNEL_TYPES`. The other formats have none; their
+/// long chunks take the GEMV when prefill is MMQ (`runs.rs`).
+const MMQ_KERNELS: [&str; 6] = ["mmq_q4_0", "mmq_q4_1", "mmq_q5_0", "mmq_q8_0", "mmq_q4_k", "mmq_q6_k"];
+
+/// Whether `mmq_rows` has a kernel for weights of `dtype`.
+pub(crate) fn has_mmq_kernel(dtype: Stored) -> bool {
+    type_index(dtype).is_ok_and(|t| t < MMQ_KERNELS.len())
+}
 
 impl Gpu {
     /// Whether the device has int8 `mma.sync` for the MMQ kernel (compute capability
@@ -45,8 +56,10 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        let names = ["mmq_q4_0", "mmq_q4_1", "mmq_q5_0", "mmq_q8_0", "mmq_q4_k", "mmq_q6_k"];
-        let f = self.function(&MMQ, names[type_index(w.dtype)?])?;
+        let name = MMQ_KERNELS
+            .get(type_index(w.dtype)?)
+            .ok_or_else(|| bad(format!("no MMQ kernel for {:?} (`has_mmq_kernel`)", w.dtype)))?;
+        let f = self.function(&MMQ, name)?;
         let kb = w.k / act.format.block();
         let int = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} exceeds i32")));
         let (n, kbi, mi) = (int(w.n)?, int(kb)?, int(m)?);

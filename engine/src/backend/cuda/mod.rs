@@ -13,6 +13,7 @@ mod attention;
 mod device;
 mod download;
 pub mod fit;
+mod formats;
 mod forward;
 mod fused;
 mod gemm;
@@ -41,6 +42,7 @@ mod tests_model;
 mod tests_ops;
 
 pub use device::{Gpu, compile_cubin};
+pub use formats::unproven_format;
 pub use forward::{CudaBackend, CudaPass};
 pub use ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, RopeSpec};
 pub use probe::{Library, Presence, Unavailable};

@@ -1,10 +1,11 @@
 //! Host side of the op kernels: shape checks, launch geometry, and one method per op
 //! on `Gpu`. All ops are queued on the device's one stream; nothing here synchronizes.
 
-use candle_core::quantized::GgmlDType;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
+pub use super::formats::ActFormat;
+use super::formats::type_index;
 use super::programs::{EMBED, OPS, QUANTIZE};
 use super::weights::DeviceWeights;
 use crate::config::AttnTemperature;
@@ -13,32 +14,6 @@ use crate::kernels::rope::RopeStyle;
 
 /// Activation rows one GEMV launch takes (`MAXM` in `gemv.cu`).
 pub const GEMV_MAX_ROWS: usize = 8;
-
-/// How activations are quantized for a weight format (as the CPU kernels pair them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActFormat {
-    /// Blocks of 32, f16 scale.
-    Q8_0,
-    /// Q8_0 plus f16(d * sum(q)).
-    Q8_1,
-    /// Super-blocks of 256, f32 scale, sums of 16.
-    Q8K,
-}
-
-impl ActFormat {
-    pub fn for_weights(dtype: GgmlDType) -> Option<Self> {
-        match dtype {
-            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q8_0 => Some(Self::Q8_0),
-            GgmlDType::Q4_1 => Some(Self::Q8_1),
-            GgmlDType::Q4K | GgmlDType::Q6K => Some(Self::Q8K),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn block(self) -> usize {
-        if self == Self::Q8K { 256 } else { 32 }
-    }
-}
 
 /// The shape and kind of a rotary embedding.
 #[derive(Clone, Copy, Debug)]
@@ -97,14 +72,6 @@ pub(super) fn int(v: usize) -> Result<i32> {
 pub(super) fn blocks_of(threads: usize, per_block: usize) -> Result<LaunchConfig> {
     let grid = threads.div_ceil(per_block).max(1);
     Ok(LaunchConfig { grid_dim: (int(grid)? as u32, 1, 1), block_dim: (per_block as u32, 1, 1), shared_mem_bytes: 0 })
-}
-
-/// The kernels' number for a weight format (`type` in `gemv.cu` / `embed.cu`).
-pub(crate) fn type_index(dtype: GgmlDType) -> Result<usize> {
-    let all = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
-    all.iter()
-        .position(|&t| t == dtype)
-        .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
 }
 
 /// Views of a `DeviceAct` from one row on, pushed as a kernel's four activation
@@ -179,7 +146,41 @@ impl Gpu {
                 // SAFETY: as above; bsums holds 16 per super-block.
                 unsafe { b.launch(cfg) }.map_err(drv("quantize_q8_k"))?;
             }
+            ActFormat::F32 | ActFormat::Bf16 => return self.float_act(x, act),
         }
+        Ok(())
+    }
+
+    /// The float formats' "quantization": `x` copied into `act.d`, rounded to bf16 for
+    /// `Bf16` (the CPU's `acts_bf16`).
+    pub(crate) fn float_act(&self, x: &CudaSlice<f32>, act: &mut DeviceAct) -> Result<()> {
+        let n = act.rows * act.k;
+        shape(x.len() >= n && act.d.len() >= n, || format!("x has {} values, need {n}", x.len()))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "float_act")?;
+        let (ni, bf16) = (int(n)?, i32::from(act.format == ActFormat::Bf16));
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(x).arg(&mut act.d).arg(&ni).arg(&bf16);
+        // SAFETY: x and act.d hold n values each (checked).
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("float_act"))?;
+        Ok(())
+    }
+
+    /// A float activation's values, already in `act.d`, rounded to bf16 in place for
+    /// `Bf16` (nothing for `F32`).
+    pub(crate) fn round_act(&self, act: &mut DeviceAct) -> Result<()> {
+        let n = act.rows * act.k;
+        if act.format != ActFormat::Bf16 || n == 0 {
+            return Ok(());
+        }
+        let f = self.function(&QUANTIZE, "round_bf16")?;
+        let ni = int(n)?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut act.d).arg(&ni);
+        // SAFETY: act.d holds rows*k values (`DeviceAct::alloc` with block 1).
+        unsafe { b.launch(blocks_of(n, 256)?) }.map_err(drv("round_bf16"))?;
         Ok(())
     }
 

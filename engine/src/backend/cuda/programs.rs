@@ -15,7 +15,13 @@ pub const QUANTIZE: Program =
     Program { name: "quantize", files: &[("quantize.cu", include_str!("kernels/quantize.cu"))] };
 pub const GEMV: Program = Program {
     name: "gemv",
-    files: &[("gemv.cu", include_str!("kernels/gemv.cu")), ("gemv1.cu", include_str!("kernels/gemv1.cu"))],
+    files: &[
+        ("gemv.cu", include_str!("kernels/gemv.cu")),
+        ("gemv_k.cu", include_str!("kernels/gemv_k.cu")),
+        ("gemv_f.cu", include_str!("kernels/gemv_f.cu")),
+        ("gemv_rows.cu", include_str!("kernels/gemv_rows.cu")),
+        ("gemv1.cu", include_str!("kernels/gemv1.cu")),
+    ],
 };
 pub const MMQ: Program = Program { name: "mmq", files: &[("mmq.cu", include_str!("kernels/mmq.cu"))] };
 pub const OPS: Program = Program { name: "ops", files: &[("ops.cu", include_str!("kernels/ops.cu"))] };

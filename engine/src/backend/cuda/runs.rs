@@ -8,6 +8,7 @@ use cudarc::driver::CudaSlice;
 
 use super::forward::CudaBackend;
 use super::gemm::{Prefill, Wide};
+use super::mmq::has_mmq_kernel;
 use super::ops::{ActFormat, DeviceAct};
 use super::weights::DeviceWeights;
 use crate::error::{Error, Result};
@@ -86,9 +87,14 @@ impl CudaBackend {
         let mmq = runs.iter().any(|r| r.1) && prefill == Prefill::Mmq;
         for (wi, y) in w.iter().zip(out.iter_mut()) {
             let (act, wide) = act_for(wi);
-            if mmq {
+            if mmq && has_mmq_kernel(wi.dtype) {
                 for (rows, _) in runs.iter().filter(|r| r.1) {
                     self.gpu.mmq_rows(wi, act, y, rows.clone())?;
+                }
+            } else if mmq {
+                // A format without an MMQ kernel: its long chunks on the GEMV, 8 rows a launch.
+                for (rows, _) in runs.iter().filter(|r| r.1) {
+                    self.gpu.gemv_rows(wi, act, y, rows.clone())?;
                 }
             } else if let Some(xw) = wide {
                 let ww = self.gpu.dequant_wide(wi, prefill)?;

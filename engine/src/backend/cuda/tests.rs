@@ -13,8 +13,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::kernels::quant::QuantMatMul;
+use crate::gguf::Stored;
 use crate::kernels::quant::act::{ActQ8, Q8KSign, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use crate::kernels::quant::{QuantMatMul, dequantize_row, round_bf16};
 
 /// The shared device for every test, or why there is none (printed as "skipped").
 pub(super) fn gpu() -> Option<&'static Gpu> {
@@ -78,49 +79,92 @@ pub(super) fn rel_err(op: &str, gpu: &[f32], cpu: &[f32], bound: f64) -> f64 {
 }
 
 /// Random GGUF bytes for an `[n, k]` matrix with finite, realistic scales.
-pub(super) fn random_weights(rng: &mut StdRng, dtype: GgmlDType, n: usize, k: usize) -> Vec<u8> {
-    let per = if matches!(dtype, GgmlDType::Q4K | GgmlDType::Q6K) { 256 } else { 32 };
+pub(super) fn random_weights(rng: &mut StdRng, dtype: Stored, n: usize, k: usize) -> Vec<u8> {
+    use GgmlDType::*;
+    let per = ops::ActFormat::for_weights(dtype).map_or(32, |f| f.block().max(32));
     let mut out = Vec::new();
     let h = |rng: &mut StdRng, lo: f32, hi: f32| f16::from_f32(rng.random_range(lo..hi)).to_le_bytes();
+    let bytes = |rng: &mut StdRng, out: &mut Vec<u8>, count: usize| out.extend((0..count).map(|_| rng.random::<u8>()));
     for _ in 0..n * k / per {
         match dtype {
-            GgmlDType::Q4_0 => {
+            Stored::Ggml(Q4_0) => {
                 out.extend(h(rng, 0.001, 0.02));
-                out.extend((0..16).map(|_| rng.random::<u8>()));
+                bytes(rng, &mut out, 16);
             }
-            GgmlDType::Q4_1 => {
+            Stored::Ggml(Q4_1) => {
                 out.extend(h(rng, 0.001, 0.02));
                 out.extend(h(rng, -0.1, 0.1));
-                out.extend((0..16).map(|_| rng.random::<u8>()));
+                bytes(rng, &mut out, 16);
             }
-            GgmlDType::Q5_0 => {
+            Stored::Ggml(Q5_0) => {
                 out.extend(h(rng, 0.001, 0.02));
-                out.extend((0..20).map(|_| rng.random::<u8>()));
+                bytes(rng, &mut out, 20);
             }
-            GgmlDType::Q8_0 => {
+            Stored::Ggml(Q5_1) => {
+                out.extend(h(rng, 0.001, 0.02));
+                out.extend(h(rng, -0.1, 0.1));
+                bytes(rng, &mut out, 20);
+            }
+            Stored::Ggml(Q8_0) => {
                 out.extend(h(rng, 0.0001, 0.002));
                 out.extend((0..32).map(|_| rng.random_range(-127i8..=127) as u8));
             }
-            GgmlDType::Q4K => {
+            Stored::Iq4Nl => {
                 out.extend(h(rng, 0.0001, 0.002));
-                out.extend(h(rng, 0.0001, 0.002));
-                out.extend((0..140).map(|_| rng.random::<u8>()));
+                bytes(rng, &mut out, 16);
             }
-            _ => {
-                out.extend((0..192).map(|_| rng.random::<u8>()));
+            Stored::Ggml(Q4K) => {
+                out.extend(h(rng, 0.0001, 0.002));
+                out.extend(h(rng, 0.0001, 0.002));
+                bytes(rng, &mut out, 140);
+            }
+            Stored::Ggml(Q5K) => {
+                out.extend(h(rng, 0.0001, 0.002));
+                out.extend(h(rng, 0.0001, 0.002));
+                bytes(rng, &mut out, 172);
+            }
+            Stored::Ggml(Q3K) => {
+                bytes(rng, &mut out, 108);
+                out.extend(h(rng, 0.0001, 0.002));
+            }
+            Stored::Ggml(Q2K) => {
+                bytes(rng, &mut out, 80);
+                out.extend(h(rng, 0.0001, 0.002));
+                out.extend(h(rng, 0.0001, 0.002));
+            }
+            Stored::Iq4Xs => {
+                out.extend(h(rng, 0.0001, 0.002));
+                bytes(rng, &mut out, 134);
+            }
+            Stored::Ggml(F16) => (0..32).for_each(|_| out.extend(h(rng, -0.1, 0.1))),
+            Stored::Ggml(BF16) => (0..32)
+                .for_each(|_| out.extend(((rng.random_range(-0.1f32..0.1).to_bits() >> 16) as u16).to_le_bytes())),
+            Stored::Ggml(Q6K) => {
+                bytes(rng, &mut out, 192);
                 out.extend((0..16).map(|_| rng.random_range(-64i8..64) as u8));
                 out.extend(h(rng, 0.0001, 0.002));
             }
+            other => panic!("no random weights for {other:?}"),
         }
     }
     out
 }
 
 /// The CPU engine's result for `x · W^T`. Q4_0 goes through candle on the CPU, so its
-/// reference is ggml's arithmetic written out: Q8_0 activations, exact block sums.
-pub(super) fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    if dtype != GgmlDType::Q4_0 {
-        let w = QuantMatMul::from_bytes("w", crate::gguf::Stored::Ggml(dtype), bytes, k, n).expect("cpu weights");
+/// reference is ggml's arithmetic written out: Q8_0 activations, exact block sums. F16
+/// goes through candle too (`Linear`: widened to f32, an f32 matmul), called here.
+pub(super) fn cpu_matmul(dtype: Stored, bytes: &[u8], x: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    if dtype == Stored::Ggml(GgmlDType::F16) {
+        let cpu = candle_core::Device::Cpu;
+        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(GgmlDType::F16, bytes, vec![n, k], &cpu)
+            .expect("qtensor");
+        let mm = candle_core::quantized::QMatMul::from_qtensor(q).expect("qmatmul");
+        let t = candle_core::Tensor::from_slice(x, (m, k), &cpu).expect("x");
+        use candle_core::Module;
+        return mm.forward(&t).expect("forward").flatten_all().expect("flat").to_vec1::<f32>().expect("y");
+    }
+    if dtype != Stored::Ggml(GgmlDType::Q4_0) {
+        let w = QuantMatMul::from_bytes("w", dtype, bytes, k, n).expect("cpu weights");
         return w.forward(x, m);
     }
     let kb = k / 32;
@@ -146,8 +190,8 @@ pub(super) fn cpu_matmul(dtype: GgmlDType, bytes: &[u8], x: &[f32], m: usize, k:
     y
 }
 
-pub(super) const TYPES: [GgmlDType; 6] =
-    [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+/// Every format with CUDA kernels.
+pub(super) const TYPES: [Stored; 14] = super::formats::KERNEL_TYPES;
 
 /// Bound for every quantized GEMV: integer block sums are exact on both sides, only the
 /// order of the f32 block accumulation differs (measured ~1e-7).
@@ -185,12 +229,16 @@ fn cuda_embedding_rows_match_cpu() {
     for dtype in TYPES {
         let (n, k) = (97, 768);
         let bytes = random_weights(&mut rng, dtype, n, k);
-        let table = candle_core::quantized::ggml_file::qtensor_from_ggml(dtype, &bytes, vec![n, k], &cpu)
-            .expect("qtensor")
-            .dequantize(&cpu)
-            .expect("dequantize")
-            .to_vec2::<f32>()
-            .expect("rows");
+        // The CPU engine's embedding tables: candle's dequantization, the IQ4 types' own.
+        let table: Vec<Vec<f32>> = match dtype {
+            Stored::Ggml(t) => candle_core::quantized::ggml_file::qtensor_from_ggml(t, &bytes, vec![n, k], &cpu)
+                .expect("qtensor")
+                .dequantize(&cpu)
+                .expect("dequantize")
+                .to_vec2::<f32>()
+                .expect("rows"),
+            _ => bytes.chunks_exact(bytes.len() / n).map(|row| dequantize_row(dtype, row)).collect(),
+        };
         let mut ids: Vec<i32> = (0..9).map(|_| rng.random_range(0..n as i32)).collect();
         ids.extend([0, n as i32 - 1]);
         let want: Vec<f32> = ids.iter().flat_map(|&i| table[i as usize].clone()).collect();
@@ -232,6 +280,16 @@ fn cuda_quantize_matches_cpu_exactly() {
                     diffs += usize::from(fmt == ActFormat::Q8_1 && b.s.to_bits() != s[i].to_bits());
                 }
             }
+            println!("quantize {fmt:?} rows={rows} k={k}: {diffs} differences (bound 0)");
+            assert_eq!(diffs, 0, "quantize {fmt:?} rows={rows} k={k}");
+        }
+        // The float formats: the values themselves, BF16's rounded as the CPU's kernel.
+        for fmt in [ActFormat::F32, ActFormat::Bf16] {
+            let mut act = DeviceAct::alloc(g, fmt, rows, k).expect("alloc");
+            g.quantize(&xd, &mut act).expect("quantize");
+            let round = |v: f32| if fmt == ActFormat::Bf16 { round_bf16(v) } else { v };
+            let got = down(g, &act.d);
+            let diffs = x.iter().zip(&got).filter(|(a, b)| round(**a).to_bits() != b.to_bits()).count();
             println!("quantize {fmt:?} rows={rows} k={k}: {diffs} differences (bound 0)");
             assert_eq!(diffs, 0, "quantize {fmt:?} rows={rows} k={k}");
         }

@@ -7,6 +7,7 @@ use candle_core::quantized::GgmlDType;
 
 use super::tests::{TYPES, down, gpu, nans, randn, random_weights, rng, up};
 use super::*;
+use crate::gguf::Stored;
 
 fn same(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -96,15 +97,17 @@ fn cuda_gemv_bandwidth() {
         (8192, 2048),
         (2048, 8192),
     ];
-    let mut cases: Vec<(GgmlDType, usize, usize, usize)> = Vec::new();
+    let mut cases: Vec<(Stored, usize, usize, usize)> = Vec::new();
     for dtype in [GgmlDType::Q4_0, GgmlDType::Q4K] {
-        cases.extend(llama.iter().map(|&(n, k)| (dtype, n, k, 1)));
+        cases.extend(llama.iter().map(|&(n, k)| (Stored::Ggml(dtype), n, k, 1)));
     }
-    cases.extend([GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q6K].map(|t| (t, 14336, 4096, 1)));
+    // Every other format at one FFN shape (the later ones untuned: their first numbers).
+    let others = TYPES.into_iter().filter(|t| ![GgmlDType::Q4_0, GgmlDType::Q4K].map(Stored::Ggml).contains(t));
+    cases.extend(others.map(|t| (t, 14336, 4096, 1)));
     cases.extend([
-        (GgmlDType::Q6K, 4096, 14336, 1),
-        (GgmlDType::Q4_0, 14336, 4096, 8),
-        (GgmlDType::Q4K, 14336, 4096, 8),
+        (Stored::Ggml(GgmlDType::Q6K), 4096, 14336, 1),
+        (Stored::Ggml(GgmlDType::Q4_0), 14336, 4096, 8),
+        (Stored::Ggml(GgmlDType::Q4K), 14336, 4096, 8),
     ]);
     for (dtype, n, k, m) in cases {
         let bytes = random_weights(&mut rng, dtype, n, k);

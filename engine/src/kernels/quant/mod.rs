@@ -39,6 +39,9 @@ use crate::error::{Error, Result};
 
 use act::{Q8KSign, QK, quantize_q8_0, quantize_q8_1, quantize_q8_k};
 use bf16::BlockBf16;
+/// The BF16 kernel's activation rounding, which the CUDA backend reproduces.
+#[cfg(test)]
+pub(crate) use bf16::round_bf16;
 use blocks32::{BlockIq4Nl, BlockQ5_1, Iq4NlPath};
 use dot::{BlockQ4_1, BlockQ5_0, BlockQ8_0};
 use kquants::{BlockQ4K, BlockQ6K, Q4KPath};

@@ -85,6 +85,23 @@ __device__ __forceinline__ int spread4(u32 b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
+// IQ4_NL's and IQ4_XS's 16 values (ggml's `kvalues_iq4nl`) for four 4-bit indices, one
+// in each byte of `idx`: the four signed bytes of the table, packed. The table is four
+// words; `__byte_perm` picks each byte from the low or high half by the index's low
+// three bits, its bit 3 chooses the half.
+__device__ __forceinline__ int iq4_lookup4(u32 idx) {
+    const u32 t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u;
+    const u32 sel = (idx & 0x7u) | ((idx >> 4) & 0x70u) | ((idx >> 8) & 0x700u) | ((idx >> 12) & 0x7000u);
+    const u32 lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    const u32 high = ((idx & 0x08080808u) >> 3) * 0xffu;
+    return (int)((lo & ~high) | (hi & high));
+}
+
+// One IQ4 table value.
+__device__ __forceinline__ int iq4_value(int idx) {
+    return (int)(i8)(iq4_lookup4((u32)idx) & 0xffu);
+}
+
 // x / rms(x) scale of one row from each thread's f64 partial sum of squares (values
 // i = threadIdx.x, + blockDim.x, ... in order): the partials summed across the block,
 // the mean rounded to f32, 1 / sqrt(mean + eps). Every thread of the block calls it and

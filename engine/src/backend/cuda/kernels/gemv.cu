@@ -1,14 +1,23 @@
 // Quantized GEMV / small-m GEMM: y[r][row] = W[row] . x[r] for up to MAXM activation rows,
 // weights read once for all of them. One warp per output row; lane i takes the i-th work
-// item (a block of 32; Q4_K 16 quant bytes, Q6_K 64 values of a 256 super-block), so the
-// 32 lanes of a warp read one contiguous span of the repacked quant bytes (coalesced).
-// Integer sums go through dp4a and are exact; each item adds d_w * d_a * isum in f32.
+// item (a block of 32; Q4_K, Q5_K and IQ4_XS 16 quant bytes; Q6_K, Q3_K and Q2_K 64 values
+// of a 256 super-block; F16 / BF16 8 values), so the 32 lanes of a warp read one
+// contiguous span of the repacked quant bytes (coalesced). Integer sums go through dp4a
+// and are exact; each item adds d_w * d_a * isum in f32. The program is this file (the
+// blocks of 32 and Q4_K / Q6_K), gemv_k.cu (Q5_K, Q3_K, Q2_K, IQ4_XS), gemv_f.cu (F16,
+// BF16), gemv_rows.cu (the kernels) and gemv1.cu (the one-row kernels).
 //
 // Repacked weight layout (struct of arrays, `weights.rs`), per block in row-major order:
-//   qs:  the quant bytes as in the GGUF block (Q6_K: ql then qh), QB bytes a block;
-//   d:   f32 scale;  m: f32 (Q4_1 min, Q4_K dmin);
-//   aux: Q5_0 the 32 high bits; Q4_K 8 six-bit scales then 8 mins, unpacked; Q6_K scales.
-// Activations: int8 values row after row, one f32 scale per block, Q8_1 sums, Q8_K bsums.
+//   qs:  the quant bytes as in the GGUF block, QB bytes a block (Q6_K: ql then qh; Q3_K:
+//        hmask then the low bits; F16 / BF16: the values);
+//   d:   f32 scale;  m: f32 (Q4_1 / Q5_1 min, Q4_K / Q5_K / Q2_K dmin);
+//   aux: Q5_0 / Q5_1 the 32 high bits; Q4_K 8 six-bit scales then 8 mins, unpacked; Q5_K
+//        those then the 32 bytes of fifth bits; Q6_K scales; Q3_K 16 signed scales;
+//        Q2_K the 16 packed scale / min bytes; IQ4_XS 8 signed scales.
+// Activations: int8 values row after row, one f32 scale per block, Q8_1 sums, Q8_K bsums
+// (F16 / BF16: f32 values in the scales' array, one per value).
+// Types (`KERNEL_TYPES`): 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 4 Q4_K, 5 Q6_K, 6 Q5_1,
+// 7 IQ4_NL, 8 Q5_K, 9 Q3_K, 10 Q2_K, 11 IQ4_XS, 12 F16, 13 BF16.
 
 #define MAXM 8
 
@@ -21,7 +30,8 @@ struct Args {
 __device__ __forceinline__ int sum_bytes(int a) { return __dp4a(a, 0x01010101, 0); }
 
 
-// Types: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0 (blocks of 32 against Q8_0/Q8_1 blocks).
+// Blocks of 32 against Q8_0 / Q8_1 blocks: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 6 Q5_1 (Q4_1
+// with Q5_0's fifth bits), 7 IQ4_NL (the nibbles index the IQ4 table: signed bytes).
 template <int T>
 __device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc) {
     const size_t blk = (size_t)row * a.kb + b;
@@ -34,15 +44,20 @@ __device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc
     } else {
         const uint4 p = *(const uint4*)(a.qs + blk * 16);
         const u32 pw[4] = {p.x, p.y, p.z, p.w};
+        constexpr bool fifth = T == 2 || T == 6;
         u32 qh = 0;
-        if (T == 2) qh = *(const u32*)(a.aux + blk * 4);
+        if (fifth) qh = *(const u32*)(a.aux + blk * 4);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             w[i] = pw[i] & 0x0f0f0f0fu;
             w[4 + i] = (pw[i] >> 4) & 0x0f0f0f0fu;
-            if (T == 2) {
+            if (fifth) {
                 w[i] |= spread4((qh >> (4 * i)) & 0xfu);
                 w[4 + i] |= spread4((qh >> (16 + 4 * i)) & 0xfu);
+            }
+            if (T == 7) {
+                w[i] = iq4_lookup4((u32)w[i]);
+                w[4 + i] = iq4_lookup4((u32)w[4 + i]);
             }
         }
     }
@@ -64,7 +79,7 @@ __device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc
         }
         const float dd = __fmul_rn(dw, a.ad[ab]);
         acc[r] = fmaf(dd, (float)s, acc[r]);
-        if (T == 1) acc[r] = fmaf(a.m[blk], a.as[ab], acc[r]);
+        if (T == 1 || T == 6) acc[r] = fmaf(a.m[blk], a.as[ab], acc[r]);
     }
 }
 
@@ -141,61 +156,3 @@ __device__ __forceinline__ void item_q6k(const Args& a, int row, int it, float* 
         acc[r] = fmaf(__fmul_rn(d, a.ad[ab]), (float)isum, acc[r]);
     }
 }
-
-template <int T>
-__device__ __forceinline__ void gemv_at(const Args& a, int row) {
-    const int lane = threadIdx.x & 31;
-    if (row >= a.n) return;
-    float acc[MAXM];
-#pragma unroll
-    for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
-    const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 4 : a.kb;
-#pragma unroll 4
-    for (int it = lane; it < items; it += 32) {
-        if (T == 4) item_q4k(a, row, it, acc);
-        else if (T == 5) item_q6k(a, row, it, acc);
-        else item32<T>(a, row, it, acc);
-    }
-    for (int r = 0; r < a.rows; r++) {
-        const float s = warp_sum(acc[r]);
-        if (lane == 0) a.y[(size_t)r * a.n + row] = s;
-    }
-}
-
-#define GEMV(NAME, T)                                                                       \
-    extern "C" __global__ void NAME(const u8* qs, const float* d, const float* m,           \
-                                    const u8* aux, const i8* aq, const float* ad,           \
-                                    const float* as, const int* abs, float* y, int n,       \
-                                    int kb, int rows) {                                     \
-        const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows};                    \
-        gemv_at<T>(a, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));                 \
-    }
-
-GEMV(gemv_q4_0, 0)
-GEMV(gemv_q4_1, 1)
-GEMV(gemv_q5_0, 2)
-GEMV(gemv_q8_0, 3)
-GEMV(gemv_q4_k, 4)
-GEMV(gemv_q6_k, 5)
-
-// Up to three matrices of one format against the same activations in one launch (Q, K
-// and V; gate and up): warps past matrix 0's rows take matrix 1's, then matrix 2's.
-struct Mat { const u8* qs; const float* d; const float* m; const u8* aux; float* y; int n; };
-
-#define GEMV3(NAME, T)                                                                      \
-    extern "C" __global__ void NAME(Mat w0, Mat w1, Mat w2, const i8* aq, const float* ad,  \
-                                    const float* as, const int* abs, int kb, int rows) {    \
-        int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);                      \
-        Mat w = w0;                                                                         \
-        if (row >= w0.n) { row -= w0.n; w = w1;                                             \
-            if (row >= w1.n) { row -= w1.n; w = w2; } }                                     \
-        const Args a = {w.qs, w.d, w.m, w.aux, aq, ad, as, abs, w.y, w.n, kb, rows};        \
-        gemv_at<T>(a, row);                                                                 \
-    }
-
-GEMV3(gemv3_q4_0, 0)
-GEMV3(gemv3_q4_1, 1)
-GEMV3(gemv3_q5_0, 2)
-GEMV3(gemv3_q8_0, 3)
-GEMV3(gemv3_q4_k, 4)
-GEMV3(gemv3_q6_k, 5)

@@ -1,4 +1,4 @@
-// GEMV of one activation row (`gemv1_*`, `gemv1x3_*`), compiled after gemv.cu in one
+// GEMV of one activation row (`gemv1_*`, `gemv1x3_*`), compiled after gemv_rows.cu in one
 // program (`Args`, `Mat` and the per-item sums are its): a lane loads GEMV_U items'
 // weight bytes first, then does their sums. The same items in the same order and the
 // same arithmetic per item as `gemv_at`, so the outputs are bit-identical to it at one
@@ -135,7 +135,7 @@ __device__ __forceinline__ float dot_item(const Args& a, const WItem& w, int it,
 }
 
 template <int T>
-__device__ __forceinline__ void gemv1_at(const Args& a, int row) {
+__device__ __forceinline__ void gemv1_two_phase(const Args& a, int row) {
     const int lane = threadIdx.x & 31;
     if (row >= a.n) return;
     float acc = 0.0f;
@@ -153,6 +153,14 @@ __device__ __forceinline__ void gemv1_at(const Args& a, int row) {
     }
     const float s = warp_sum(acc);
     if (lane == 0) a.y[row] = s;
+}
+
+// The two-phase form for the six formats it was tuned on; the formats added later take
+// `gemv_at` at one row (the same code as their several-row launches, so the same outputs).
+template <int T>
+__device__ __forceinline__ void gemv1_at(const Args& a, int row) {
+    if constexpr (T <= 5) gemv1_two_phase<T>(a, row);
+    else gemv_at<T>(a, row);
 }
 
 #define GEMV1(NAME, NAME3, T)                                                               \
@@ -179,3 +187,11 @@ GEMV1(gemv1_q5_0, gemv1x3_q5_0, 2)
 GEMV1(gemv1_q8_0, gemv1x3_q8_0, 3)
 GEMV1(gemv1_q4_k, gemv1x3_q4_k, 4)
 GEMV1(gemv1_q6_k, gemv1x3_q6_k, 5)
+GEMV1(gemv1_q5_1, gemv1x3_q5_1, 6)
+GEMV1(gemv1_iq4_nl, gemv1x3_iq4_nl, 7)
+GEMV1(gemv1_q5_k, gemv1x3_q5_k, 8)
+GEMV1(gemv1_q3_k, gemv1x3_q3_k, 9)
+GEMV1(gemv1_q2_k, gemv1x3_q2_k, 10)
+GEMV1(gemv1_iq4_xs, gemv1x3_iq4_xs, 11)
+GEMV1(gemv1_f16, gemv1x3_f16, 12)
+GEMV1(gemv1_bf16, gemv1x3_bf16, 13)

@@ -170,3 +170,24 @@ extern "C" __global__ void gate_quantize(const float* __restrict__ g, const floa
         quant256(v, lane, warp, qs, d_out, (int*)s_out);
     }
 }
+
+// bf16 rounding as the CPU's `round_bf16` (`GGML_FP32_TO_BF16`): to nearest, ties to
+// even; a NaN kept quiet.
+__device__ __forceinline__ float bf16_round(float x) {
+    const u32 u = __float_as_uint(x);
+    const u32 bits = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 64u) : ((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+    return __uint_as_float(bits << 16);
+}
+
+// The float activation formats (F16 / BF16 weights): the values themselves, stored in
+// the activation's scale array, rounded to bf16 when `bf16`. One thread a value.
+extern "C" __global__ void float_act(const float* __restrict__ x, float* __restrict__ d, int n, int bf16) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = bf16 ? bf16_round(x[i]) : x[i];
+}
+
+// `float_act`'s rounding in place, after a fused op wrote the values (`fused.rs`).
+extern "C" __global__ void round_bf16(float* __restrict__ d, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = bf16_round(d[i]);
+}
