@@ -65,6 +65,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Start a pass over `rows` (each row's tokens at positions `cache.len()..`), with
     /// rotary tables for each of `rope_bases` (`rope` picks one by index).
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<Self::Pass>;
+    /// Make a rotary table ready before any pass uses it (the CUDA backend uploads a
+    /// scaled table's terms here, so a decode step captured as a graph — which cannot
+    /// upload — finds them even when a model's first pass is a single token).
+    fn prepare_rope(&self, _angles: &RopeAngles<'_>) -> Result<()> {
+        Ok(())
+    }
     /// `begin` with rotary tables that may be scaled or carry frequency factors (Llama 3's
     /// `rope_freqs`, `rope.scaling.*`). A backend without such tables runs only plain ones.
     fn begin_scaled(&self, rows: &mut [Row<'_>], ropes: &[RopeAngles<'_>]) -> Result<Self::Pass> {

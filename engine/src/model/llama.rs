@@ -63,6 +63,11 @@ pub(crate) struct Llama<B: Backend> {
 const UNUSED: &[&str] = &["attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias", "ffn_gate_inp.weight"];
 
 impl<B: Backend> Llama<B> {
+    /// The rotary table of every pass with `factors` (short or long, phi3).
+    fn angles<'a>(c: &ModelConfig, factors: Option<&'a [f32]>) -> RopeAngles<'a> {
+        RopeAngles { head_dim: c.head_dim, base: c.rope_base, scaling: c.rope_scaling, factors }
+    }
+
     pub(crate) fn load(b: B, g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
         let (h, q, kv, ff, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim);
         // llama.cpp gives the Qwens' rope no frequency factors (it would refuse the file),
@@ -148,6 +153,9 @@ impl<B: Backend> Llama<B> {
         };
         let key = format!("{}.rope.scaling.original_context_length", cfg.arch.name());
         let n_ctx_orig = g.opt_u32(&key).map_or(cfg.ctx_train, |v| v as usize);
+        for factors in &rope_factors {
+            b.prepare_rope(&Self::angles(cfg, factors.as_deref()))?;
+        }
         Ok(Self {
             ends: super::Ends::load(&b, g, cfg)?,
             cfg: cfg.clone(),
@@ -167,12 +175,8 @@ impl<B: Backend> Architecture for Llama<B> {
 
     fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
         let (b, c) = (&self.b, &self.cfg);
-        let angles = RopeAngles {
-            head_dim: c.head_dim,
-            base: c.rope_base,
-            scaling: c.rope_scaling,
-            factors: self.rope_factors[usize::from(self.long_context.load(Ordering::Relaxed))].as_deref(),
-        };
+        let angles =
+            Self::angles(c, self.rope_factors[usize::from(self.long_context.load(Ordering::Relaxed))].as_deref());
         // The queries' factor after RoPE: mistral3's attention temperature (each stacked
         // row's own), phi3's 1/√head_dim (llama.cpp scales its queries, then attends at 1).
         let q_scale = match (c.attn_temperature, c.arch) {

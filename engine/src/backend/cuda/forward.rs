@@ -233,12 +233,20 @@ impl Backend for CudaBackend {
         if ropes.iter().any(|r| r.head_dim != head_dim) {
             return Err(Error::Cuda { op: "begin", reason: "rotary tables of different head sizes".into() });
         }
+        // The tables before `begin`: a capture that cannot have one must fail while its
+        // step is still the graph code's (`begin` takes it).
+        let capturing = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).is_capturing();
+        let scaled = ropes.iter().map(|a| self.ropes.get(&self.gpu, a, capturing)).collect::<Result<Vec<_>>>()?;
         let bases: Vec<f32> = ropes.iter().map(|r| r.base).collect();
         let mut p = self.begin(rows, head_dim, &bases)?;
-        for (s, a) in p.scaled.iter_mut().zip(ropes) {
-            *s = self.ropes.get(&self.gpu, a, p.capture.is_some())?;
+        for (s, t) in p.scaled.iter_mut().zip(scaled) {
+            *s = t;
         }
         Ok(p)
+    }
+
+    fn prepare_rope(&self, angles: &RopeAngles<'_>) -> Result<()> {
+        self.ropes.get(&self.gpu, angles, false).map(drop)
     }
 
     fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {

@@ -72,6 +72,11 @@ impl Graphs {
         }
     }
 
+    /// Whether a decode step is being recorded (its step not yet taken by `begin`).
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.capturing.is_some()
+    }
+
     /// In a capture: the step `begin` should use instead of allocating.
     pub(crate) fn take_capturing(&mut self) -> Option<Step> {
         self.capturing.take()
@@ -162,7 +167,17 @@ impl Gpu {
             let mut g = lock();
             g.captured.take().or_else(|| g.capturing.take())
         };
-        recorded?;
+        if let Err(e) = recorded {
+            // Whatever the failed recording queued is dropped with it; a buffer it freed
+            // inside the capture left a "not permitted while capturing" error in the
+            // context, which would fail the next op. The step's own buffers are freed here,
+            // after the capture, and the stale error is cleared.
+            drop(step);
+            if let Err(stale) = self.stream.context().check_err() {
+                tracing::debug!(error = %stale, "cleared the failed capture's error");
+            }
+            return Err(e);
+        }
         let graph = ended
             .map_err(drv("end capture"))?
             .ok_or_else(|| crate::error::Error::Cuda { op: "end capture", reason: "no graph recorded".into() })?;

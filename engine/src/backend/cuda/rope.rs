@@ -19,8 +19,9 @@ pub(super) struct RopeTables {
 
 impl RopeTables {
     /// The device form of `a`'s table; `None` for a plain one. A table not uploaded yet
-    /// is uploaded here, which a stream being captured cannot do (`capturing`): the first
-    /// pass of a model is a prefill, never a captured decode step.
+    /// is uploaded here, which a stream being captured cannot do (`capturing`): models
+    /// upload theirs at load (`Backend::prepare_rope`), as a first pass may be a single
+    /// token, captured as a decode step.
     pub(super) fn get(&self, gpu: &Gpu, a: &RopeAngles<'_>, capturing: bool) -> Result<Option<ScaledRope>> {
         let Some(terms) = a.terms() else { return Ok(None) };
         let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
