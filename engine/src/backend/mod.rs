@@ -212,6 +212,11 @@ pub trait Backend: Send + Sync + 'static {
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// Make every product with `m` add `b` where the backend can do it in the matmul
+    /// itself (the CUDA GEMV's epilogue); `b` comes back where it cannot, for `add_bias`.
+    fn attach_bias(&self, _m: &mut Self::Matrix, b: Self::Vector) -> Result<Option<Self::Vector>> {
+        Ok(Some(b))
+    }
     /// `x[t] += b` for every row `t` (the Q/K/V biases of qwen2).
     fn add_bias(&self, x: &mut Self::Act, b: &Self::Vector) -> Result<()>;
     /// Each stacked row of `x` times the attention temperature at its position (mistral3's

@@ -32,8 +32,9 @@ struct Layer<B: Backend> {
     wq: B::Matrix,
     wk: B::Matrix,
     wv: B::Matrix,
-    /// Q, K and V biases (qwen2; optional in every family, as in llama.cpp).
-    bias: Option<[B::Vector; 3]>,
+    /// Q, K and V biases (qwen2; optional in every family, as in llama.cpp) not taken
+    /// into the matmuls by the backend (`Backend::attach_bias`).
+    bias: [Option<B::Vector>; 3],
     /// RMSNorm weights of each Q and K head (qwen3).
     qk_norm: Option<[B::Vector; 2]>,
     wo: B::Matrix,
@@ -90,7 +91,7 @@ impl<B: Backend> Llama<B> {
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}.weight");
-                let bias = match g.has_tensor(&format!("blk.{i}.attn_q.bias")) {
+                let biases = match g.has_tensor(&format!("blk.{i}.attn_q.bias")) {
                     false => None,
                     true => {
                         let n = |s: &str| format!("blk.{i}.{s}.bias");
@@ -125,11 +126,19 @@ impl<B: Backend> Llama<B> {
                     ),
                     false => (b.matrix(g, &n("ffn_gate"), h, ff)?, b.matrix(g, &n("ffn_up"), h, ff)?),
                 };
+                let (mut wq, mut wk, mut wv) = (wq?, wk?, wv?);
+                // Into the matmuls where the backend can; the rest added after them.
+                let bias = match biases {
+                    None => [None, None, None],
+                    Some([bq, bk, bv]) => {
+                        [b.attach_bias(&mut wq, bq)?, b.attach_bias(&mut wk, bk)?, b.attach_bias(&mut wv, bv)?]
+                    }
+                };
                 Ok(Layer {
                     attn_norm: b.vector(g, &n("attn_norm"), h)?,
-                    wq: wq?,
-                    wk: wk?,
-                    wv: wv?,
+                    wq,
+                    wk,
+                    wv,
                     bias,
                     qk_norm,
                     wo: b.matrix(g, &n("attn_output"), q, h)?,
@@ -202,10 +211,10 @@ impl<B: Backend> Architecture for Llama<B> {
                 Some(y) => b.add_norm_matmul_many(&p, &mut x, &y, &l.attn_norm, c.rms_eps, qkv)?,
                 None => b.norm_matmul_many(&p, &x, &l.attn_norm, c.rms_eps, qkv)?,
             };
-            if let Some([bq, bk, bv]) = &l.bias {
-                b.add_bias(&mut q, bq)?;
-                b.add_bias(&mut k, bk)?;
-                b.add_bias(&mut v, bv)?;
+            for (x, bias) in [&mut q, &mut k, &mut v].into_iter().zip(&l.bias) {
+                if let Some(bias) = bias {
+                    b.add_bias(x, bias)?;
+                }
             }
             if let Some([nq, nk]) = &l.qk_norm {
                 b.rms_norm_inplace(&mut q, nq, c.rms_eps)?;

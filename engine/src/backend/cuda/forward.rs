@@ -409,8 +409,16 @@ impl Backend for CudaBackend {
         self.gpu.add(x, y)
     }
 
+    fn attach_bias(&self, m: &mut DeviceWeights, b: CudaSlice<f32>) -> Result<Option<CudaSlice<f32>>> {
+        if b.len() != m.n {
+            return Err(Error::Cuda { op: "bias", reason: format!("{} values for {} outputs", b.len(), m.n) });
+        }
+        m.bias = Some(b);
+        Ok(None)
+    }
+
     fn add_bias(&self, x: &mut CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
-        self.gpu.add_rows(x, b)
+        self.gpu.add_rows(&mut x.slice_mut(..), b)
     }
 
     fn temperature(&self, p: &CudaPass, x: &mut CudaSlice<f32>, t: AttnTemperature) -> Result<()> {

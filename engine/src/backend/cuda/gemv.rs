@@ -93,17 +93,18 @@ struct Mat {
     m: u64,
     aux: u64,
     y: u64,
+    bias: u64,
     n: i32,
 }
 
-// SAFETY: plain integers laid out as the kernel's `Mat` (five pointers and an int).
+// SAFETY: plain integers laid out as the kernel's `Mat` (six pointers and an int).
 unsafe impl cudarc::driver::DeviceRepr for Mat {}
 
 impl Mat {
     fn of(w: &DeviceWeights, y: u64, s: &cudarc::driver::CudaStream) -> Result<Self> {
         let p = |b: &CudaSlice<u8>| b.device_ptr(s).0;
         let f = |b: &CudaSlice<f32>| b.device_ptr(s).0;
-        Ok(Self { qs: p(&w.qs), d: f(&w.d), m: f(&w.m), aux: p(&w.aux), y, n: int(w.n)? })
+        Ok(Self { qs: p(&w.qs), d: f(&w.d), m: f(&w.m), aux: p(&w.aux), y, bias: w.bias_ptr(s), n: int(w.n)? })
     }
 }
 
@@ -147,6 +148,7 @@ impl Gpu {
         let (n, kbi) = (int(w.n)?, int(kb)?);
         const WARPS: usize = 4;
         let cfg = blocks_of(w.n * 32, WARPS * 32)?;
+        let bias = w.bias_ptr(&self.stream);
         let mut r0 = rows.start;
         while r0 < rows.end {
             let chunk = (rows.end - r0).min(GEMV_MAX_ROWS);
@@ -158,7 +160,7 @@ impl Gpu {
             let mut b = self.stream.launch_builder(&f);
             b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
             a.push(&mut b);
-            b.arg(&mut yv).arg(&n).arg(&kbi);
+            b.arg(&mut yv).arg(&bias).arg(&n).arg(&kbi);
             if !one {
                 b.arg(&ri);
             }

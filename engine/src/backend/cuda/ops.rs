@@ -1,7 +1,9 @@
 //! Host side of the op kernels: shape checks, launch geometry, and one method per op
 //! on `Gpu`. All ops are queued on the device's one stream; nothing here synchronizes.
 
-use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 
 use super::device::{Gpu, drv};
 pub use super::formats::ActFormat;
@@ -249,7 +251,7 @@ impl Gpu {
     }
 
     /// `x[r] += b` for every row `r` of `x` (`[rows][b.len()]`).
-    pub fn add_rows(&self, x: &mut CudaSlice<f32>, b: &CudaSlice<f32>) -> Result<()> {
+    pub fn add_rows(&self, x: &mut CudaViewMut<'_, f32>, b: &CudaSlice<f32>) -> Result<()> {
         let (n, width) = (x.len(), b.len());
         shape(width > 0 && n.is_multiple_of(width), || format!("{n} values are not rows of {width}"))?;
         if n == 0 {

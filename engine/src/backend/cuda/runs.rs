@@ -90,6 +90,7 @@ impl CudaBackend {
             if mmq && has_mmq_kernel(wi.dtype) {
                 for (rows, _) in runs.iter().filter(|r| r.1) {
                     self.gpu.mmq_rows(wi, act, y, rows.clone())?;
+                    self.add_bias_rows(wi, y, rows)?;
                 }
             } else if mmq {
                 // A format without an MMQ kernel: its long chunks on the GEMV, 8 rows a launch.
@@ -100,9 +101,18 @@ impl CudaBackend {
                 let ww = self.gpu.dequant_wide(wi, prefill)?;
                 for (rows, _) in runs.iter().filter(|r| r.1) {
                     self.gpu.gemm_rows(&ww, (wi.n, wi.k), xw, rows.clone(), y)?;
+                    self.add_bias_rows(wi, y, rows)?;
                 }
             }
         }
         Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
+    }
+
+    /// A GEMM run's outputs plus the matrix's bias (the GEMV adds it as it writes).
+    fn add_bias_rows(&self, w: &DeviceWeights, y: &mut CudaSlice<f32>, rows: &Range<usize>) -> Result<()> {
+        match &w.bias {
+            Some(b) => self.gpu.add_rows(&mut y.slice_mut(rows.start * w.n..rows.end * w.n), b),
+            None => Ok(()),
+        }
     }
 }

@@ -13,6 +13,54 @@ fn same(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// A bias in the GEMV's epilogue (qwen2's Q/K/V) gives exactly the product plus the bias,
+/// for one-row and several-row launches, alone and three matrices per launch.
+#[test]
+fn cuda_gemv_bias_epilogue_adds_exactly() {
+    let Some(g) = gpu() else { return };
+    let mut rng = rng("cuda_gemv_bias_epilogue_adds_exactly");
+    for dtype in [Stored::Ggml(GgmlDType::Q4_0), Stored::Ggml(GgmlDType::Q4K), Stored::Ggml(GgmlDType::Q5K)] {
+        let (k, m, ns) = (512, 9, [96, 32, 32]);
+        let mut ws: Vec<DeviceWeights> = ns
+            .iter()
+            .map(|&n| {
+                let b = random_weights(&mut rng, dtype, n, k);
+                DeviceWeights::upload(g, MatrixBytes { name: "w", dtype, bytes: &b, k, n }).expect("upload")
+            })
+            .collect();
+        let mut act = DeviceAct::alloc(g, ActFormat::for_weights(dtype).expect("fmt"), m, k).expect("alloc");
+        g.quantize(&up(g, &randn(&mut rng, m * k, 2.0)), &mut act).expect("quantize");
+        let run = |ws: &[DeviceWeights]| {
+            let mut alone: Vec<_> = ns.iter().map(|&n| nans(g, m * n)).collect();
+            for (w, y) in ws.iter().zip(alone.iter_mut()) {
+                g.gemv_rows(w, &act, y, 0..1).expect("gemv");
+                g.gemv_rows(w, &act, y, 1..m).expect("gemv");
+            }
+            let mut many: Vec<_> = ns.iter().map(|&n| nans(g, m * n)).collect();
+            let refs: Vec<&DeviceWeights> = ws.iter().collect();
+            g.gemv_many(&refs, &act, &mut many, 0..1).expect("gemv_many");
+            g.gemv_many(&refs, &act, &mut many, 1..m).expect("gemv_many");
+            [alone, many].map(|ys| ys.iter().map(|y| down(g, y)).collect::<Vec<_>>())
+        };
+        let plain = run(&ws);
+        let biases: Vec<Vec<f32>> = ns.iter().map(|&n| randn(&mut rng, n, 1.0)).collect();
+        for (w, b) in ws.iter_mut().zip(&biases).skip(1) {
+            w.bias = Some(up(g, b));
+        }
+        let biased = run(&ws);
+        for (p, got) in plain.iter().zip(&biased) {
+            for (i, (y, yb)) in p.iter().zip(got).enumerate() {
+                let want: Vec<f32> = match i {
+                    0 => y.clone(),
+                    _ => y.chunks_exact(ns[i]).flat_map(|r| r.iter().zip(&biases[i]).map(|(a, b)| a + b)).collect(),
+                };
+                assert!(same(yb, &want), "{dtype:?} matrix {i}: bias epilogue differs from product + bias");
+            }
+        }
+        println!("gemv {dtype:?}: bias epilogue = product + bias, alone and three per launch");
+    }
+}
+
 #[test]
 fn cuda_gemv_one_row_equals_several_row_kernel() {
     let Some(g) = gpu() else { return };

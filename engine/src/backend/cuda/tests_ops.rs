@@ -105,7 +105,7 @@ fn cuda_bias_and_temperature_match_cpu_exactly() {
     let mut want = x.clone();
     ops::add_rows_inplace(&mut want, &b);
     let mut xd = up(g, &x);
-    g.add_rows(&mut xd, &up(g, &b)).expect("add_rows");
+    g.add_rows(&mut xd.slice_mut(..), &up(g, &b)).expect("add_rows");
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&down(g, &xd)), bits(&want), "add_rows");
     let t = AttnTemperature { scale: 0.1, floor: 16 };

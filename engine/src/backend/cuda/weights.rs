@@ -4,7 +4,7 @@
 //! The layout each kernel expects is described at the top of `kernels/gemv.cu`.
 
 use candle_core::quantized::GgmlDType;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::f16;
 
 use super::device::{Gpu, drv};
@@ -198,6 +198,9 @@ pub struct DeviceWeights {
     pub(crate) d: CudaSlice<f32>,
     pub(crate) m: CudaSlice<f32>,
     pub(crate) aux: CudaSlice<u8>,
+    /// Added to every product (`attach_bias`): the GEMV adds it as it writes, the long
+    /// chunks' GEMMs in one pass after.
+    pub(crate) bias: Option<CudaSlice<f32>>,
 }
 
 impl DeviceWeights {
@@ -219,7 +222,13 @@ impl DeviceWeights {
             d: s.clone_htod(&padf(r.d)).map_err(drv("upload weights"))?,
             m: s.clone_htod(&padf(r.m)).map_err(drv("upload weights"))?,
             aux: s.clone_htod(&pad(r.aux)).map_err(drv("upload weights"))?,
+            bias: None,
         })
+    }
+
+    /// The bias's device address, 0 (null) without one.
+    pub(crate) fn bias_ptr(&self, s: &CudaStream) -> u64 {
+        self.bias.as_ref().map_or(0, |b| b.device_ptr(s).0)
     }
 
     pub fn dtype(&self) -> Stored {
@@ -228,7 +237,7 @@ impl DeviceWeights {
 
     /// Bytes held on the device.
     pub fn device_bytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len()) + self.aux.len()
+        self.qs.len() + 4 * (self.d.len() + self.m.len() + self.bias.as_ref().map_or(0, |b| b.len())) + self.aux.len()
     }
 }
 

@@ -25,6 +25,8 @@ struct Args {
     const u8* qs; const float* d; const float* m; const u8* aux;
     const i8* aq; const float* ad; const float* as; const int* abs;
     float* y; int n; int kb; int rows;
+    // Added to each output (qwen2's Q/K/V biases), or null: the matmul's epilogue.
+    const float* bias;
 };
 
 __device__ __forceinline__ int sum_bytes(int a) { return __dp4a(a, 0x01010101, 0); }

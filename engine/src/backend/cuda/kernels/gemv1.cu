@@ -152,7 +152,7 @@ __device__ __forceinline__ void gemv1_two_phase(const Args& a, int row) {
         }
     }
     const float s = warp_sum(acc);
-    if (lane == 0) a.y[row] = s;
+    if (lane == 0) a.y[row] = a.bias ? s + a.bias[row] : s;
 }
 
 // The two-phase form for the six formats it was tuned on; the formats added later take
@@ -166,9 +166,9 @@ __device__ __forceinline__ void gemv1_at(const Args& a, int row) {
 #define GEMV1(NAME, NAME3, T)                                                               \
     extern "C" __global__ void NAME(const u8* qs, const float* d, const float* m,           \
                                     const u8* aux, const i8* aq, const float* ad,           \
-                                    const float* as, const int* abs, float* y, int n,       \
-                                    int kb) {                                               \
-        const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, 1};                       \
+                                    const float* as, const int* abs, float* y,              \
+                                    const float* bias, int n, int kb) {                     \
+        const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, 1, bias};                 \
         gemv1_at<T>(a, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));                \
     }                                                                                       \
     extern "C" __global__ void NAME3(Mat w0, Mat w1, Mat w2, const i8* aq, const float* ad, \
@@ -177,7 +177,7 @@ __device__ __forceinline__ void gemv1_at(const Args& a, int row) {
         Mat w = w0;                                                                         \
         if (row >= w0.n) { row -= w0.n; w = w1;                                             \
             if (row >= w1.n) { row -= w1.n; w = w2; } }                                     \
-        const Args a = {w.qs, w.d, w.m, w.aux, aq, ad, as, abs, w.y, w.n, kb, 1};           \
+        const Args a = {w.qs, w.d, w.m, w.aux, aq, ad, as, abs, w.y, w.n, kb, 1, w.b};      \
         gemv1_at<T>(a, row);                                                                \
     }
 

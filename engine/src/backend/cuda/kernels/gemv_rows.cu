@@ -30,16 +30,16 @@ __device__ __forceinline__ void gemv_at(const Args& a, int row) {
     }
     for (int r = 0; r < a.rows; r++) {
         const float s = warp_sum(acc[r]);
-        if (lane == 0) a.y[(size_t)r * a.n + row] = s;
+        if (lane == 0) a.y[(size_t)r * a.n + row] = a.bias ? s + a.bias[row] : s;
     }
 }
 
 #define GEMV(NAME, T)                                                                       \
     extern "C" __global__ void NAME(const u8* qs, const float* d, const float* m,           \
                                     const u8* aux, const i8* aq, const float* ad,           \
-                                    const float* as, const int* abs, float* y, int n,       \
-                                    int kb, int rows) {                                     \
-        const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows};                    \
+                                    const float* as, const int* abs, float* y,              \
+                                    const float* bias, int n, int kb, int rows) {           \
+        const Args a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows, bias};              \
         gemv_at<T>(a, blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));                 \
     }
 
@@ -60,7 +60,7 @@ GEMV(gemv_bf16, 13)
 
 // Up to three matrices of one format against the same activations in one launch (Q, K
 // and V; gate and up): warps past matrix 0's rows take matrix 1's, then matrix 2's.
-struct Mat { const u8* qs; const float* d; const float* m; const u8* aux; float* y; int n; };
+struct Mat { const u8* qs; const float* d; const float* m; const u8* aux; float* y; const float* b; int n; };
 
 #define GEMV3(NAME, T)                                                                      \
     extern "C" __global__ void NAME(Mat w0, Mat w1, Mat w2, const i8* aq, const float* ad,  \
@@ -69,7 +69,7 @@ struct Mat { const u8* qs; const float* d; const float* m; const u8* aux; float*
         Mat w = w0;                                                                         \
         if (row >= w0.n) { row -= w0.n; w = w1;                                             \
             if (row >= w1.n) { row -= w1.n; w = w2; } }                                     \
-        const Args a = {w.qs, w.d, w.m, w.aux, aq, ad, as, abs, w.y, w.n, kb, rows};        \
+        const Args a = {w.qs, w.d, w.m, w.aux, aq, ad, as, abs, w.y, w.n, kb, rows, w.b};   \
         gemv_at<T>(a, row);                                                                 \
     }
 
