@@ -5,6 +5,12 @@
 //! and only the float steps — which are the same instructions on the same values —
 //! decide the bits. What the grouping buys is that each weight super-block is read and
 //! its scales prepared once for all the rows, and the rows' chains overlap.
+//!
+//! The weights arrive packed as GGUF stores them (`super::kquants`) and are unpacked here
+//! 32 values at a time, in registers, as ggml's AVX2 `vec_dot` kernels do: Q4_K's low
+//! nibbles by a mask, its high ones by a 16-bit shift and the mask; Q6_K's two high bits
+//! shifted up to bits 4..6 and or-ed onto the four low ones. The unpacked bytes are the
+//! values a byte-per-value layout would hold, so every sum is unchanged.
 
 use super::act::ActQ8K;
 use super::kquants::{BlockQ4K, BlockQ6K};
@@ -30,7 +36,7 @@ pub(crate) fn dots_q6_k() -> KDots<BlockQ6K> {
 
 /// Shared with the tiles (`super::ktile`).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub(super) use imp::{at, bsums16};
+pub(super) use imp::{at, bsums16, nibbles, six_bits};
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 mod imp {
@@ -45,11 +51,39 @@ mod imp {
     // load reads 16 or 32 bytes inside the fixed-size array it is given (`at` bounds
     // the offset), stores write a fixed-size array of the same width.
 
-    /// The 32 bytes at `i` of a 256-byte array, as a vector.
+    /// The 32 bytes at `i` of a byte array, as a vector.
     #[inline(always)]
-    pub(in super::super) fn at<T>(v: &[T; 256], i: usize) -> __m256i {
+    pub(in super::super) fn at<T, const L: usize>(v: &[T; L], i: usize) -> __m256i {
         let s: &[T; 32] = v[i..i + 32].try_into().expect("in bounds");
         unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// Q4_K sub-blocks `2j` and `2j + 1`: the low and the high nibbles of bytes
+    /// `32j..32j + 32`, one value a byte.
+    #[inline(always)]
+    pub(in super::super) fn nibbles(wb: &BlockQ4K, j: usize) -> [__m256i; 2] {
+        let (bits, m) = (at(&wb.qs, 32 * j), unsafe { _mm256_set1_epi8(0x0f) });
+        unsafe { [_mm256_and_si256(bits, m), _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m)] }
+    }
+
+    /// Q6_K groups `4h..4h + 4` (values `128h..128h + 128`), one value a byte: group
+    /// `4h + c` takes nibble `c / 2` of `ql[64h + 32(c % 2)..]` and bits `2c..2c + 2` of
+    /// `qh[32h..]` as its bits 4 and 5. (The 16-bit shifts carry bits across bytes only
+    /// into places the masks clear.)
+    #[inline(always)]
+    pub(in super::super) fn six_bits(wb: &BlockQ6K, h: usize) -> [__m256i; 4] {
+        unsafe {
+            let (l0, l1, hb) = (at(&wb.ql, 64 * h), at(&wb.ql, 64 * h + 32), at(&wb.qh, 32 * h));
+            let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+            let lo = |v: __m256i| _mm256_and_si256(v, m4);
+            let hi = |v: __m256i| _mm256_and_si256(v, m2);
+            [
+                _mm256_or_si256(lo(l0), hi(_mm256_slli_epi16::<4>(hb))),
+                _mm256_or_si256(lo(l1), hi(_mm256_slli_epi16::<2>(hb))),
+                _mm256_or_si256(lo(_mm256_srli_epi16::<4>(l0)), hi(hb)),
+                _mm256_or_si256(lo(_mm256_srli_epi16::<4>(l1)), hi(_mm256_srli_epi16::<2>(hb))),
+            ]
+        }
     }
 
     fn blocks<W, const N: usize>(w: &[W], a: &[&[ActQ8K]; N]) -> usize {
@@ -86,13 +120,15 @@ mod imp {
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             prefetch(wb);
             let mut lanes = [unsafe { _mm256_setzero_si256() }; N];
-            for sb in 0..8 {
-                unsafe {
-                    let x = at(&wb.q, sb * 32);
-                    let sc = _mm256_set1_epi16(wb.scales[sb] as i16);
-                    for r in 0..N {
-                        let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, sb * 32));
-                        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
+            for j in 0..4 {
+                for (half, x) in nibbles(wb, j).into_iter().enumerate() {
+                    let sb = 2 * j + half;
+                    unsafe {
+                        let sc = _mm256_set1_epi16(wb.scales[sb] as i16);
+                        for r in 0..N {
+                            let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, sb * 32));
+                            lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
+                        }
                     }
                 }
             }
@@ -119,14 +155,16 @@ mod imp {
             prefetch(wb);
             let mut lanes = [unsafe { _mm256_setzero_si256() }; N];
             unsafe {
-                for g in 0..8 {
-                    // Lanes 0..4 take scale 2g, lanes 4..8 scale 2g + 1.
-                    let lo = _mm_set1_epi16(wb.scales[2 * g] as i16);
-                    let sc = _mm256_set_m128i(_mm_set1_epi16(wb.scales[2 * g + 1] as i16), lo);
-                    let x = at(&wb.q, g * 32);
-                    for r in 0..N {
-                        let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, g * 32));
-                        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
+                for h in 0..2 {
+                    for (c, x) in six_bits(wb, h).into_iter().enumerate() {
+                        // Lanes 0..4 take scale 2g, lanes 4..8 scale 2g + 1.
+                        let g = 4 * h + c;
+                        let lo = _mm_set1_epi16(wb.scales[2 * g] as i16);
+                        let sc = _mm256_set_m128i(_mm_set1_epi16(wb.scales[2 * g + 1] as i16), lo);
+                        for r in 0..N {
+                            let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, g * 32));
+                            lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
+                        }
                     }
                 }
                 // Lane l loses 32 * (bsums[2l] * scales[2l] + bsums[2l+1] * scales[2l+1]).
