@@ -63,8 +63,7 @@ impl BlockQ4K {
     /// ones unpack in registers).
     #[inline]
     pub(super) fn sub(&self, sb: usize) -> [u8; 32] {
-        let shift = 4 * (sb % 2);
-        at(&self.qs, sb / 2 * 32).map(|b| (b >> shift) & 0xf)
+        simd::nibbles(at(&self.qs, sb / 2 * 32), 4 * (sb % 2) as u32)
     }
 }
 
@@ -131,8 +130,7 @@ impl BlockQ6K {
     pub(super) fn group(&self, g: usize) -> [u8; 32] {
         let (h, c) = (g / 4, g % 4);
         let (ql, qh) = (at(&self.ql, 64 * h + 32 * (c % 2)), at(&self.qh, 32 * h));
-        let (lo, hi) = (4 * (c / 2), 2 * c);
-        std::array::from_fn(|l| ((ql[l] >> lo) & 0xf) | (((qh[l] >> hi) & 3) << 4))
+        simd::six_bits(ql, 4 * (c / 2) as u32, qh, 2 * c as u32)
     }
 }
 

@@ -58,31 +58,33 @@ mod imp {
         unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
     }
 
-    /// Q4_K sub-blocks `2j` and `2j + 1`: the low and the high nibbles of bytes
-    /// `32j..32j + 32`, one value a byte.
+    /// Q4_K sub-block `sb`, one value a byte: the low (even `sb`) or high (odd) nibbles
+    /// of bytes `32(sb / 2)..`.
     #[inline(always)]
-    pub(in super::super) fn nibbles(wb: &BlockQ4K, j: usize) -> [__m256i; 2] {
-        let (bits, m) = (at(&wb.qs, 32 * j), unsafe { _mm256_set1_epi8(0x0f) });
-        unsafe { [_mm256_and_si256(bits, m), _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m)] }
+    pub(in super::super) fn nibbles(wb: &BlockQ4K, sb: usize) -> __m256i {
+        let bits = at(&wb.qs, sb / 2 * 32);
+        unsafe {
+            let bits = if sb.is_multiple_of(2) { bits } else { _mm256_srli_epi16::<4>(bits) };
+            _mm256_and_si256(bits, _mm256_set1_epi8(0x0f))
+        }
     }
 
-    /// Q6_K groups `4h..4h + 4` (values `128h..128h + 128`), one value a byte: group
-    /// `4h + c` takes nibble `c / 2` of `ql[64h + 32(c % 2)..]` and bits `2c..2c + 2` of
-    /// `qh[32h..]` as its bits 4 and 5. (The 16-bit shifts carry bits across bytes only
-    /// into places the masks clear.)
+    /// Q6_K group `g = 4h + c` (values `32g..32g + 32`), one value a byte: nibble `c / 2`
+    /// of `ql[64h + 32(c % 2)..]`, with bits `2c..2c + 2` of `qh[32h..]` as its bits 4
+    /// and 5. (The 16-bit shifts carry bits across bytes only into places the masks
+    /// clear.) Formed one group at a time: four at once spill registers in the 4-row kernel.
     #[inline(always)]
-    pub(in super::super) fn six_bits(wb: &BlockQ6K, h: usize) -> [__m256i; 4] {
+    pub(in super::super) fn six_bits(wb: &BlockQ6K, g: usize) -> __m256i {
+        let (h, c) = (g / 4, g % 4);
+        let (ql, qh) = (at(&wb.ql, 64 * h + 32 * (c % 2)), at(&wb.qh, 32 * h));
         unsafe {
-            let (l0, l1, hb) = (at(&wb.ql, 64 * h), at(&wb.ql, 64 * h + 32), at(&wb.qh, 32 * h));
-            let (m4, m2) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
-            let lo = |v: __m256i| _mm256_and_si256(v, m4);
-            let hi = |v: __m256i| _mm256_and_si256(v, m2);
-            [
-                _mm256_or_si256(lo(l0), hi(_mm256_slli_epi16::<4>(hb))),
-                _mm256_or_si256(lo(l1), hi(_mm256_slli_epi16::<2>(hb))),
-                _mm256_or_si256(lo(_mm256_srli_epi16::<4>(l0)), hi(hb)),
-                _mm256_or_si256(lo(_mm256_srli_epi16::<4>(l1)), hi(_mm256_srli_epi16::<2>(hb))),
-            ]
+            let (ql, qh) = match c {
+                0 => (ql, _mm256_slli_epi16::<4>(qh)),
+                1 => (ql, _mm256_slli_epi16::<2>(qh)),
+                2 => (_mm256_srli_epi16::<4>(ql), qh),
+                _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<2>(qh)),
+            };
+            _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(0x0f)), _mm256_and_si256(qh, _mm256_set1_epi8(0x30)))
         }
     }
 
@@ -120,15 +122,13 @@ mod imp {
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             prefetch(wb);
             let mut lanes = [unsafe { _mm256_setzero_si256() }; N];
-            for j in 0..4 {
-                for (half, x) in nibbles(wb, j).into_iter().enumerate() {
-                    let sb = 2 * j + half;
-                    unsafe {
-                        let sc = _mm256_set1_epi16(wb.scales[sb] as i16);
-                        for r in 0..N {
-                            let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, sb * 32));
-                            lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
-                        }
+            for sb in 0..8 {
+                unsafe {
+                    let x = nibbles(wb, sb);
+                    let sc = _mm256_set1_epi16(wb.scales[sb] as i16);
+                    for r in 0..N {
+                        let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, sb * 32));
+                        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
                     }
                 }
             }
@@ -155,16 +155,14 @@ mod imp {
             prefetch(wb);
             let mut lanes = [unsafe { _mm256_setzero_si256() }; N];
             unsafe {
-                for h in 0..2 {
-                    for (c, x) in six_bits(wb, h).into_iter().enumerate() {
-                        // Lanes 0..4 take scale 2g, lanes 4..8 scale 2g + 1.
-                        let g = 4 * h + c;
-                        let lo = _mm_set1_epi16(wb.scales[2 * g] as i16);
-                        let sc = _mm256_set_m128i(_mm_set1_epi16(wb.scales[2 * g + 1] as i16), lo);
-                        for r in 0..N {
-                            let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, g * 32));
-                            lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
-                        }
+                for g in 0..8 {
+                    // Lanes 0..4 take scale 2g, lanes 4..8 scale 2g + 1.
+                    let lo = _mm_set1_epi16(wb.scales[2 * g] as i16);
+                    let sc = _mm256_set_m128i(_mm_set1_epi16(wb.scales[2 * g + 1] as i16), lo);
+                    let x = six_bits(wb, g);
+                    for r in 0..N {
+                        let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, g * 32));
+                        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
                     }
                 }
                 // Lane l loses 32 * (bsums[2l] * scales[2l] + bsums[2l+1] * scales[2l+1]).
@@ -275,8 +273,10 @@ mod tests {
         };
         let rows = [&a[0][..], &a[1][..], &a[2][..], &a[3][..]];
         time("q4_k one row", &|c| rows.iter().map(|r| kquants::q4_k_q8_k(&q4[c * kb..][..kb], r, Q4KPath::Gemv)).sum());
+        time("q4_k x1", &|c| rows.iter().map(|&r| (dots_q4_k().x1)(&q4[c * kb..][..kb], [r])[0]).sum());
         time("q4_k x4", &|c| (dots_q4_k().x4)(&q4[c * kb..][..kb], rows).iter().sum());
         time("q6_k one row", &|c| rows.iter().map(|r| kquants::q6_k_q8_k(&q6[c * kb..][..kb], r)).sum());
+        time("q6_k x1", &|c| rows.iter().map(|&r| (dots_q6_k().x1)(&q6[c * kb..][..kb], [r])[0]).sum());
         time("q6_k x4", &|c| (dots_q6_k().x4)(&q6[c * kb..][..kb], rows).iter().sum());
     }
 }

@@ -105,14 +105,10 @@ mod imp {
             // The eight u8 scales in both halves.
             let scales = wb.map(|x| unsafe { _mm256_broadcastsi128_si256(_mm_loadl_epi64(x.scales.as_ptr().cast())) });
             let mut lanes = [[_mm256_setzero_si256(); 4]; 2];
-            let mut pairs = [[_mm256_setzero_si256(); 2]; 2];
             for sb in 0..8 {
-                if sb % 2 == 0 {
-                    pairs = wb.map(|x| nibbles(x, sb / 2));
-                }
                 // Byte `sb` into the low byte of every i16 lane, zero above it.
                 let sc = scales.map(|s| _mm256_shuffle_epi8(s, _mm256_set1_epi16((0x8000 | sb) as u16 as i16)));
-                let x = pairs.map(|p| p[sb % 2]);
+                let x = wb.map(|x| nibbles(x, sb));
                 for r in 0..4 {
                     let y = at(&a[r][b].qs, sb * 32);
                     for c in 0..2 {
@@ -152,11 +148,7 @@ mod imp {
             wb.iter().for_each(|&x| prefetch(x));
             let scales = wb.map(|x| unsafe { both_halves(&x.scales) });
             let mut lanes = [[_mm256_setzero_si256(); 4]; 2];
-            let mut halves = [[_mm256_setzero_si256(); 4]; 2];
             for g in 0..8 {
-                if g % 4 == 0 {
-                    halves = wb.map(|x| six_bits(x, g / 4));
-                }
                 // Lanes 0..4 take scale 2g, lanes 4..8 scale 2g + 1: the byte into both
                 // bytes of each i16 lane, then an arithmetic shift extends its sign.
                 let (lo, hi) = ((2 * g) as i8, (2 * g + 1) as i8);
@@ -165,7 +157,7 @@ mod imp {
                     hi, hi, hi, hi, hi, hi, hi,
                 );
                 let sc = scales.map(|s| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(s, pick)));
-                let x = halves.map(|h| h[g % 4]);
+                let x = wb.map(|x| six_bits(x, g));
                 for r in 0..4 {
                     let y = at(&a[r][b].qs, g * 32);
                     for c in 0..2 {
