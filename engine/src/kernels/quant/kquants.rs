@@ -9,6 +9,12 @@
 //!   its share of the `32 * scale * bsum` offset), each FMA'd into a lane accumulator,
 //!   summed as ggml's `hsum_float_8`; for 8 rows or more through ggml's tiled K-quant
 //!   matmul: one exact integer per super-block, `acc = fma(s * d_w, d_a, acc)`.
+//!
+//! The quant bits stay packed in memory as GGUF stores them (Q4_K 152 bytes a block, Q6_K
+//! 212, against GGUF's 144 / 210; one byte a value would be 280 / 276): decode streams
+//! every weight once per token, so its speed is the bytes read, and a model's resident
+//! size is about its file's. The kernels unpack 32 values at a time in registers, as
+//! ggml's AVX2 kernels do; only the scales, minimums and `d` are decoded at load.
 
 use half::f16;
 
@@ -19,7 +25,7 @@ use super::stream::{collect_weights, prefetch};
 
 /// 32 values starting at `i` as a fixed-size array.
 #[inline]
-fn at<T>(v: &[T; QK_K], i: usize) -> &[T; 32] {
+fn at<T, const N: usize>(v: &[T; N], i: usize) -> &[T; 32] {
     v[i..i + 32].try_into().expect("in bounds")
 }
 
@@ -47,22 +53,25 @@ pub(crate) struct BlockQ4K {
     pub(super) dmin: f32,
     pub(super) scales: [u8; 8],
     pub(super) mins: [u8; 8],
-    /// The 256 4-bit values, one per byte.
-    pub(super) q: [u8; QK_K],
+    /// The 256 4-bit values as GGUF packs them: bytes `32j..32j + 32` hold sub-block
+    /// `2j` in their low nibbles and sub-block `2j + 1` in their high nibbles.
+    pub(super) qs: [u8; QK_K / 2],
+}
+
+impl BlockQ4K {
+    /// Sub-block `sb`'s 32 values, one a byte (the portable kernels' view; the AVX2
+    /// ones unpack in registers).
+    #[inline]
+    pub(super) fn sub(&self, sb: usize) -> [u8; 32] {
+        simd::nibbles(at(&self.qs, sb / 2 * 32), 4 * (sb % 2) as u32)
+    }
 }
 
 pub(crate) fn parse_q4_k(bytes: &[u8]) -> Vec<BlockQ4K> {
     collect_weights(bytes.chunks_exact(4 + 12 + QK_K / 2).map(|b| {
         let (scales, mins) = scale_min_k4(&b[4..16]);
-        let qs = &b[16..];
-        let mut q = [0u8; QK_K];
-        for j in 0..4 {
-            for l in 0..32 {
-                q[64 * j + l] = qs[32 * j + l] & 0xf;
-                q[64 * j + 32 + l] = qs[32 * j + l] >> 4;
-            }
-        }
-        BlockQ4K { d: f16_at(b, 0), dmin: f16_at(b, 2), scales, mins, q }
+        let qs = b[16..].try_into().expect("block size");
+        BlockQ4K { d: f16_at(b, 0), dmin: f16_at(b, 2), scales, mins, qs }
     }))
 }
 
@@ -83,7 +92,7 @@ pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
         let (mut lanes, mut imin) = ([0i32; 8], 0i32);
         for pair in 0..4 {
             for sb in [2 * pair, 2 * pair + 1] {
-                let p = simd::u8_i8(at(&wb.q, sb * 32), at(&ab.qs, sb * 32));
+                let p = simd::u8_i8(&wb.sub(sb), at(&ab.qs, sb * 32));
                 let sc = wb.scales[sb] as i32;
                 for (v, x) in lanes.iter_mut().zip(p) {
                     *v += sc * x;
@@ -105,29 +114,35 @@ pub(crate) fn q4_k_q8_k(w: &[BlockQ4K], a: &[ActQ8K], path: Q4KPath) -> f32 {
 pub(crate) struct BlockQ6K {
     pub(super) d: f32,
     pub(super) scales: [i8; 16],
-    /// The 256 unsigned 6-bit values (0..64, offset 32 not yet removed).
-    pub(super) q: [u8; QK_K],
+    /// The low four bits of the 256 values (0..64, offset 32 not yet removed), as GGUF
+    /// packs them: in half `h` (values `128h..128h + 128`), byte `64h + 32c + l` holds
+    /// group `4h + c` (value `128h + 32c + l`) in its low nibble and group `4h + c + 2`
+    /// in its high nibble.
+    pub(super) ql: [u8; QK_K / 2],
+    /// The high two bits: byte `32h + l`, bits `2c..2c + 2`, for group `4h + c`.
+    pub(super) qh: [u8; QK_K / 4],
+}
+
+impl BlockQ6K {
+    /// The 32 values of group `g` (values `32g..32g + 32`, scales `2g` and `2g + 1`), one
+    /// a byte (the portable kernels' view; the AVX2 ones unpack in registers).
+    #[inline]
+    pub(super) fn group(&self, g: usize) -> [u8; 32] {
+        let (h, c) = (g / 4, g % 4);
+        let (ql, qh) = (at(&self.ql, 64 * h + 32 * (c % 2)), at(&self.qh, 32 * h));
+        simd::six_bits(ql, 4 * (c / 2) as u32, qh, 2 * c as u32)
+    }
 }
 
 pub(crate) fn parse_q6_k(bytes: &[u8]) -> Vec<BlockQ6K> {
     collect_weights(bytes.chunks_exact(QK_K / 2 + QK_K / 4 + 16 + 2).map(|b| {
         let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
-        let mut q = [0u8; QK_K];
-        for j in 0..2 {
-            let (ql, qh) = (&ql[64 * j..], &qh[32 * j..]);
-            for l in 0..32 {
-                let o = 128 * j;
-                q[o + l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
-                q[o + 32 + l] = (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4);
-                q[o + 64 + l] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
-                q[o + 96 + l] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
-            }
-        }
         let mut scales = [0i8; 16];
         for (d, &s) in scales.iter_mut().zip(sc) {
             *d = s as i8;
         }
-        BlockQ6K { d: f16_at(b, 208), scales, q }
+        let (ql, qh) = (ql.try_into().expect("block size"), qh.try_into().expect("block size"));
+        BlockQ6K { d: f16_at(b, 208), scales, ql, qh }
     }))
 }
 
@@ -139,7 +154,7 @@ pub(crate) fn q6_k_q8_k_tiled(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
         let mut s = 0i32;
         for g in 0..8 {
             // Lanes 0..4 are the first 16 values (one scale), 4..8 the next 16.
-            let l = simd::u8_i8(at(&wb.q, g * 32), at(&ab.qs, g * 32));
+            let l = simd::u8_i8(&wb.group(g), at(&ab.qs, g * 32));
             for (half, lanes) in l.chunks_exact(4).enumerate() {
                 let sb = 2 * g + half;
                 let raw: i32 = lanes.iter().sum();
@@ -162,7 +177,7 @@ pub(crate) fn q6_k_q8_k(w: &[BlockQ6K], a: &[ActQ8K]) -> f32 {
         let mut lanes = [0i32; 8];
         for g in 0..8 {
             // 32-value group g = 4j + k uses scales 2g (lanes 0..4) and 2g+1 (lanes 4..8).
-            let p = simd::u8_i8(at(&wb.q, g * 32), at(&ab.qs, g * 32));
+            let p = simd::u8_i8(&wb.group(g), at(&ab.qs, g * 32));
             let (lo, hi) = (wb.scales[2 * g] as i32, wb.scales[2 * g + 1] as i32);
             for l in 0..8 {
                 lanes[l] += p[l] * if l < 4 { lo } else { hi };
@@ -204,10 +219,14 @@ mod tests {
         assert_eq!(w[0].mins, [2, 4, 6, 8, 1, 2, 3, 4]);
         let (_, a) = act();
         let ax = deq_act(&a[0]);
+        // ggml's `dequantize_row_q4_K` reading of the packed bytes.
+        let qs = &b[16..];
+        let q = |i: usize| if i % 64 < 32 { qs[i / 64 * 32 + i % 32] & 0xf } else { qs[i / 64 * 32 + i % 32] >> 4 };
+        assert!((0..QK_K).all(|i| w[0].sub(i / 32)[i % 32] == q(i)));
         let want: f32 = (0..QK_K)
             .map(|i| {
                 let sb = i / 32;
-                let wv = 0.25 * w[0].scales[sb] as f32 * w[0].q[i] as f32 - 0.5 * w[0].mins[sb] as f32;
+                let wv = 0.25 * w[0].scales[sb] as f32 * q(i) as f32 - 0.5 * w[0].mins[sb] as f32;
                 wv * ax[i]
             })
             .sum();
@@ -227,7 +246,15 @@ mod tests {
         let w = parse_q6_k(&b);
         let (_, a) = act();
         let ax = deq_act(&a[0]);
-        let want: f32 = (0..QK_K).map(|i| 0.125 * w[0].scales[i / 16] as f32 * (w[0].q[i] as f32 - 32.0) * ax[i]).sum();
+        // ggml's `dequantize_row_q6_K` reading of the packed bytes.
+        let (ql, qh) = (&b[..128], &b[128..192]);
+        let q = |i: usize| {
+            let (h, c, l) = (i / 128, i % 128 / 32, i % 32);
+            let lo = ql[64 * h + 32 * (c % 2) + l] >> (4 * (c / 2)) & 0xf;
+            lo | ((qh[32 * h + l] >> (2 * c)) & 3) << 4
+        };
+        assert!((0..QK_K).all(|i| w[0].group(i / 32)[i % 32] == q(i)));
+        let want: f32 = (0..QK_K).map(|i| 0.125 * w[0].scales[i / 16] as f32 * (q(i) as f32 - 32.0) * ax[i]).sum();
         let got = q6_k_q8_k(&w, &a);
         assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "{got} vs {want}");
         let tiled = q6_k_q8_k_tiled(&w, &a);

@@ -5,6 +5,12 @@
 //! and only the float steps — which are the same instructions on the same values —
 //! decide the bits. What the grouping buys is that each weight super-block is read and
 //! its scales prepared once for all the rows, and the rows' chains overlap.
+//!
+//! The weights arrive packed as GGUF stores them (`super::kquants`) and are unpacked here
+//! 32 values at a time, in registers, as ggml's AVX2 `vec_dot` kernels do: Q4_K's low
+//! nibbles by a mask, its high ones by a 16-bit shift and the mask; Q6_K's two high bits
+//! shifted up to bits 4..6 and or-ed onto the four low ones. The unpacked bytes are the
+//! values a byte-per-value layout would hold, so every sum is unchanged.
 
 use super::act::ActQ8K;
 use super::kquants::{BlockQ4K, BlockQ6K};
@@ -30,7 +36,7 @@ pub(crate) fn dots_q6_k() -> KDots<BlockQ6K> {
 
 /// Shared with the tiles (`super::ktile`).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub(super) use imp::{at, bsums16};
+pub(super) use imp::{at, bsums16, nibbles, six_bits};
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 mod imp {
@@ -45,11 +51,41 @@ mod imp {
     // load reads 16 or 32 bytes inside the fixed-size array it is given (`at` bounds
     // the offset), stores write a fixed-size array of the same width.
 
-    /// The 32 bytes at `i` of a 256-byte array, as a vector.
+    /// The 32 bytes at `i` of a byte array, as a vector.
     #[inline(always)]
-    pub(in super::super) fn at<T>(v: &[T; 256], i: usize) -> __m256i {
+    pub(in super::super) fn at<T, const L: usize>(v: &[T; L], i: usize) -> __m256i {
         let s: &[T; 32] = v[i..i + 32].try_into().expect("in bounds");
         unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+    }
+
+    /// Q4_K sub-block `sb`, one value a byte: the low (even `sb`) or high (odd) nibbles
+    /// of bytes `32(sb / 2)..`.
+    #[inline(always)]
+    pub(in super::super) fn nibbles(wb: &BlockQ4K, sb: usize) -> __m256i {
+        let bits = at(&wb.qs, sb / 2 * 32);
+        unsafe {
+            let bits = if sb.is_multiple_of(2) { bits } else { _mm256_srli_epi16::<4>(bits) };
+            _mm256_and_si256(bits, _mm256_set1_epi8(0x0f))
+        }
+    }
+
+    /// Q6_K group `g = 4h + c` (values `32g..32g + 32`), one value a byte: nibble `c / 2`
+    /// of `ql[64h + 32(c % 2)..]`, with bits `2c..2c + 2` of `qh[32h..]` as its bits 4
+    /// and 5. (The 16-bit shifts carry bits across bytes only into places the masks
+    /// clear.) Formed one group at a time: four at once spill registers in the 4-row kernel.
+    #[inline(always)]
+    pub(in super::super) fn six_bits(wb: &BlockQ6K, g: usize) -> __m256i {
+        let (h, c) = (g / 4, g % 4);
+        let (ql, qh) = (at(&wb.ql, 64 * h + 32 * (c % 2)), at(&wb.qh, 32 * h));
+        unsafe {
+            let (ql, qh) = match c {
+                0 => (ql, _mm256_slli_epi16::<4>(qh)),
+                1 => (ql, _mm256_slli_epi16::<2>(qh)),
+                2 => (_mm256_srli_epi16::<4>(ql), qh),
+                _ => (_mm256_srli_epi16::<4>(ql), _mm256_srli_epi16::<2>(qh)),
+            };
+            _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(0x0f)), _mm256_and_si256(qh, _mm256_set1_epi8(0x30)))
+        }
     }
 
     fn blocks<W, const N: usize>(w: &[W], a: &[&[ActQ8K]; N]) -> usize {
@@ -88,7 +124,7 @@ mod imp {
             let mut lanes = [unsafe { _mm256_setzero_si256() }; N];
             for sb in 0..8 {
                 unsafe {
-                    let x = at(&wb.q, sb * 32);
+                    let x = nibbles(wb, sb);
                     let sc = _mm256_set1_epi16(wb.scales[sb] as i16);
                     for r in 0..N {
                         let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, sb * 32));
@@ -123,7 +159,7 @@ mod imp {
                     // Lanes 0..4 take scale 2g, lanes 4..8 scale 2g + 1.
                     let lo = _mm_set1_epi16(wb.scales[2 * g] as i16);
                     let sc = _mm256_set_m128i(_mm_set1_epi16(wb.scales[2 * g + 1] as i16), lo);
-                    let x = at(&wb.q, g * 32);
+                    let x = six_bits(wb, g);
                     for r in 0..N {
                         let p = _mm256_maddubs_epi16(x, at(&a[r][b].qs, g * 32));
                         lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, sc));
@@ -237,8 +273,10 @@ mod tests {
         };
         let rows = [&a[0][..], &a[1][..], &a[2][..], &a[3][..]];
         time("q4_k one row", &|c| rows.iter().map(|r| kquants::q4_k_q8_k(&q4[c * kb..][..kb], r, Q4KPath::Gemv)).sum());
+        time("q4_k x1", &|c| rows.iter().map(|&r| (dots_q4_k().x1)(&q4[c * kb..][..kb], [r])[0]).sum());
         time("q4_k x4", &|c| (dots_q4_k().x4)(&q4[c * kb..][..kb], rows).iter().sum());
         time("q6_k one row", &|c| rows.iter().map(|r| kquants::q6_k_q8_k(&q6[c * kb..][..kb], r)).sum());
+        time("q6_k x1", &|c| rows.iter().map(|&r| (dots_q6_k().x1)(&q6[c * kb..][..kb], [r])[0]).sum());
         time("q6_k x4", &|c| (dots_q6_k().x4)(&q6[c * kb..][..kb], rows).iter().sum());
     }
 }

@@ -10,7 +10,9 @@
 //!   the scale brought into every lane by one byte shuffle;
 //! - Q4_K's per-block horizontal sums (eight of them for the lanes, eight for the
 //!   mins) are two transposing reductions, and its two float chains run for all eight
-//!   dots in one vector each.
+//!   dots in one vector each;
+//! - the packed weights (`super::kquants`) are unpacked once per tile for all four rows,
+//!   by `super::krows`'s register unpacking.
 
 use super::act::ActQ8K;
 use super::kquants::{BlockQ4K, BlockQ6K};
@@ -34,7 +36,7 @@ mod imp {
 
     use super::super::dot::xn::finish;
     use super::super::isa;
-    use super::super::krows::{at, bsums16};
+    use super::super::krows::{at, bsums16, nibbles, six_bits};
     use super::super::stream::prefetch;
     use super::{ActQ8K, BlockQ4K, BlockQ6K};
 
@@ -106,7 +108,7 @@ mod imp {
             for sb in 0..8 {
                 // Byte `sb` into the low byte of every i16 lane, zero above it.
                 let sc = scales.map(|s| _mm256_shuffle_epi8(s, _mm256_set1_epi16((0x8000 | sb) as u16 as i16)));
-                let x = wb.map(|x| at(&x.q, sb * 32));
+                let x = wb.map(|x| nibbles(x, sb));
                 for r in 0..4 {
                     let y = at(&a[r][b].qs, sb * 32);
                     for c in 0..2 {
@@ -155,7 +157,7 @@ mod imp {
                     hi, hi, hi, hi, hi, hi, hi,
                 );
                 let sc = scales.map(|s| _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(s, pick)));
-                let x = wb.map(|x| at(&x.q, g * 32));
+                let x = wb.map(|x| six_bits(x, g));
                 for r in 0..4 {
                     let y = at(&a[r][b].qs, g * 32);
                     for c in 0..2 {
