@@ -343,7 +343,7 @@ impl Gguf {
 /// alignment (at most 4 for every ggml block). GGUF aligns data to 32, but a file may lie
 /// (and a row range starts anywhere): copy if so, into u32s (a copy as a Vec<u8> is not
 /// aligned by contract, and an empty one's pointer is 1).
-fn qtensor_of(bytes: &[u8], dtype: GgmlDType, shape: candle_core::Shape) -> Result<QTensor> {
+pub(crate) fn qtensor_of(bytes: &[u8], dtype: GgmlDType, shape: candle_core::Shape) -> Result<QTensor> {
     let copy: Vec<u32>;
     let data = if (bytes.as_ptr() as usize).is_multiple_of(4) {
         bytes
