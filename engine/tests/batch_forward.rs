@@ -100,7 +100,8 @@ fn qwen3moe(kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
 
 #[test]
 fn qwen3moe_mixed_batch_rows_equal_their_solo_runs() {
-    for kind in ["q8_0", "q4_k_m"] {
+    // The types CI makes before this test runs (its q4_k_m waits for llama-quantize).
+    for kind in ["q8_0", "q4_0"] {
         if let Some((model, p)) = qwen3moe(kind) {
             mixed_rows_of(&model, &format!("qwen3moe-{kind}"), &p);
         }
