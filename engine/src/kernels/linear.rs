@@ -51,20 +51,11 @@ impl Linear {
         Ok(Self { kernel, in_dim, out_dim, dtype })
     }
 
-    /// Matrix `e` (`[out_dim, in_dim]`) of `name`, a 3-D tensor of `experts` such
-    /// matrices stacked (a mixture of experts' `ffn_*_exps`): each expert's bytes are a
-    /// slice of the whole, and its matmul is the one a matrix of its own would take.
-    pub fn load_expert(g: &Gguf, name: &str, e: usize, experts: usize, in_dim: usize, out_dim: usize) -> Result<Self> {
-        let dims = g.dims(name)?;
-        if dims != [experts, out_dim, in_dim] || e >= experts {
-            let reason = format!("shape {dims:?}, expected [{experts}, {out_dim}, {in_dim}] (expert {e})");
-            return Err(Error::Tensor { name: name.to_owned(), reason });
-        }
-        let (bytes, dtype) = g.raw_stored(name)?;
-        let per = bytes.len() / experts;
-        let bytes = &bytes[e * per..(e + 1) * per];
+    /// An `[out_dim, in_dim]` matrix from its stored bytes: one expert's slice of a
+    /// mixture of experts' 3-D `ffn_*_exps` tensor (`name` for errors). Its matmul is the
+    /// one a matrix of its own would take (IQ4_NL repacked by its own row count).
+    pub fn from_stored(name: &str, bytes: &[u8], dtype: Stored, in_dim: usize, out_dim: usize) -> Result<Self> {
         let kernel = match dtype {
-            // IQ4_NL is repacked per expert matrix, by its own row count.
             _ if QuantMatMul::supports(dtype, in_dim) => {
                 Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?.with_rows_in_file(out_dim))
             }
@@ -72,7 +63,7 @@ impl Linear {
                 Kernel::Candle(QMatMul::from_qtensor(crate::gguf::qtensor_of(bytes, d, (out_dim, in_dim).into())?)?)
             }
             other => {
-                let reason = format!("{other:?} experts with rows of {in_dim} are not supported");
+                let reason = format!("{other:?} matrices with rows of {in_dim} are not supported");
                 return Err(Error::Tensor { name: name.to_owned(), reason });
             }
         };
