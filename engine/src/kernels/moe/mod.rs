@@ -162,3 +162,7 @@ impl Experts {
         Ok(y)
     }
 }
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
