@@ -19,6 +19,9 @@ pub enum Arch {
     /// Qwen3 (dense): llama's graph with RMSNorm on every Q and K head before RoPE, NeoX
     /// rotary pairs, and a head size of its own (`key_length`).
     Qwen3,
+    /// Qwen3 MoE (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): qwen3's attention and a mixture of
+    /// experts in place of the MLP (`MoeConfig`).
+    Qwen3Moe,
     /// Mistral 3 (Ministral 3, Mistral Small 3.x, Devstral): llama's graph with YaRN read
     /// in full (its β values and log multiplier) and Llama 4's optional attention
     /// temperature (queries scaled by position).
@@ -30,7 +33,8 @@ pub enum Arch {
 }
 
 impl Arch {
-    pub(crate) const ALL: [Arch; 6] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Mistral3, Arch::Phi3];
+    pub(crate) const ALL: [Arch; 7] =
+        [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
     /// (`corral_protocol::ARCHITECTURES` lists the same names).
@@ -44,6 +48,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
             Arch::Mistral3 => "mistral3",
             Arch::Phi3 => "phi3",
         }
@@ -54,7 +59,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
-            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => RopeStyle::Neox,
+            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => RopeStyle::Neox,
         }
     }
 }
@@ -87,6 +92,17 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Per layer: does it attend only to the last `sliding_window` positions?
     pub is_swa: Vec<bool>,
+    /// The mixture of experts in every layer (qwen3moe); `None` for a dense MLP.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture of experts: `used` of `experts` chosen per token by the router, each an MLP
+/// `width` wide (`expert_feed_forward_length`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub used: usize,
+    pub width: usize,
 }
 
 impl ModelConfig {
@@ -104,7 +120,7 @@ impl ModelConfig {
             Arch::Gemma3 => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
             // llama.cpp turns phi3's sliding window off (its files' windows are not
             // trustworthy, llama.cpp PR 13676): every layer attends to the whole context.
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 | Arch::Phi3 => None,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Mistral3 | Arch::Phi3 => None,
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6),
         // unless the file states the pattern per layer.
@@ -126,6 +142,15 @@ impl ModelConfig {
             });
         }
         let ctx_train = g.opt_u32(&k("context_length")).unwrap_or(2048) as usize;
+        let moe = match arch {
+            Arch::Qwen3Moe => Some(moe_config(g, arch_name)?),
+            _ => None,
+        };
+        // A mixture of experts' file may leave the dense width out (llama.cpp reads it as 0).
+        let ffn = match moe {
+            Some(m) => g.opt_u32(&k("feed_forward_length")).map_or(m.width, |v| v as usize),
+            None => g.u32(&k("feed_forward_length"))? as usize,
+        };
         let cfg = Self {
             arch,
             n_layers,
@@ -133,7 +158,7 @@ impl ModelConfig {
             n_heads,
             n_kv_heads,
             head_dim,
-            ffn: g.u32(&k("feed_forward_length"))? as usize,
+            ffn,
             vocab,
             ctx_train,
             rms_eps: g.f32(&k("attention.layer_norm_rms_epsilon"))?,
@@ -143,6 +168,7 @@ impl ModelConfig {
             rope_base_local: g.opt_f32(&k("rope.freq_base_swa")).unwrap_or(10_000.0),
             sliding_window: sliding_window.filter(|&w| w > 0),
             is_swa,
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -151,11 +177,13 @@ impl ModelConfig {
     /// Why `--device auto` keeps this model on the CPU: its family's CUDA path (Q/K/V
     /// biases, head norms, fused weights, scaled rotary tables, the attention temperature)
     /// has op and whole-model tests against the CPU that have not run on a GPU yet. An
-    /// explicit `--device cuda:N` runs it on the GPU.
+    /// explicit `--device cuda:N` runs it on the GPU — except qwen3moe, whose experts have
+    /// no CUDA op at all (`cuda:N` refuses it at load).
     /// `rope_freqs`: whether the file has Llama 3.1's frequency factors.
     pub fn gpu_unproven(&self, rope_freqs: bool) -> Option<String> {
         let scaled = rope_freqs || self.rope_scaling != RopeScaling::NONE || self.attn_temperature.is_some();
         match self.arch {
+            Arch::Qwen3Moe => Some("qwen3moe's mixture of experts has no CUDA path yet".into()),
             Arch::Llama | Arch::Gemma3 if !scaled => None,
             a => Some(format!("{}'s CUDA path is not yet verified on a GPU", a.name())),
         }
@@ -186,6 +214,22 @@ impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
+}
+
+/// qwen3moe's experts as llama.cpp reads them: `expert_count` and `expert_used_count`
+/// (both required), `expert_feed_forward_length` (else the dense width / experts used).
+fn moe_config(g: &Gguf, name: &str) -> Result<MoeConfig> {
+    let k = |suffix: &str| format!("{name}.{suffix}");
+    let experts = g.u32(&k("expert_count"))? as usize;
+    let used = g.u32(&k("expert_used_count"))? as usize;
+    let width = match g.opt_u32(&k("expert_feed_forward_length")).filter(|&v| v > 0) {
+        Some(v) => v as usize,
+        None => g.u32(&k("feed_forward_length"))? as usize / used.max(1),
+    };
+    if experts == 0 || used == 0 || used > experts || width == 0 {
+        return Err(Error::Metadata { key: k("expert_count / expert_used_count / expert_feed_forward_length") });
+    }
+    Ok(MoeConfig { experts, used, width })
 }
 
 /// llama.cpp's rotary scaling from `{arch}.rope.scaling.*`, as its context derives it
@@ -297,6 +341,7 @@ mod tests {
             rope_base_local: 1e4,
             sliding_window: None,
             is_swa: vec![false; 2],
+            moe: None,
         };
         let none = RopeScaling::NONE;
         assert_eq!(cfg(Arch::Llama, none, None).gpu_unproven(false), None);
@@ -304,7 +349,7 @@ mod tests {
         assert!(cfg(Arch::Llama, none, None).gpu_unproven(true).is_some(), "Llama 3.1's rope_freqs");
         let yarn = RopeScaling { freq_scale: 0.25, ext_factor: 1.0, ..none };
         assert!(cfg(Arch::Llama, yarn, None).gpu_unproven(false).is_some());
-        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Mistral3, Arch::Phi3] {
+        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3] {
             assert!(cfg(a, none, None).gpu_unproven(false).is_some(), "{a:?}");
         }
         let t = AttnTemperature { scale: 0.1, floor: 16 };
@@ -327,6 +372,6 @@ mod tests {
         for name in corral_protocol::ARCHITECTURES {
             assert_eq!(Arch::from_name(name).map(Arch::name), Some(name));
         }
-        assert_eq!(Arch::from_name("qwen3moe"), None);
+        assert_eq!(Arch::from_name("qwen2moe"), None);
     }
 }

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
@@ -29,7 +30,8 @@ use stored::own_types;
 
 pub struct Gguf {
     path: PathBuf,
-    map: Mmap,
+    /// Shared with what reads the file after load (a mixture of experts' matrices).
+    map: Arc<Mmap>,
     content: Content,
     /// The tensors of a type candle's reader does not know, with that type.
     own: HashMap<String, Stored>,
@@ -46,9 +48,10 @@ impl Gguf {
         if len < 8 {
             return Err(Error::NotGguf { path: path.to_owned() });
         }
-        // SAFETY: the file is opened read-only and only read through this map during load;
-        // every range read below is bounds-checked against `len`. Model files are not
-        // expected to be rewritten while a model loads (a concurrent truncation would be a
+        // SAFETY: the file is opened read-only and read through this map during load (and,
+        // for a mixture of experts, whenever an expert is first used: `mapping`); every
+        // range read below is bounds-checked against `len`. Model files are not expected
+        // to be rewritten while a model is loaded (a concurrent truncation would be a
         // SIGBUS, the same contract as llama.cpp's mmap loading).
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         if &map[..4] != b"GGUF" {
@@ -62,7 +65,7 @@ impl Gguf {
         let content = Content::read(&mut Cursor::new(header))
             .map_err(|e| Error::BadGguf { path: path.to_owned(), reason: crate::error::candle_message(&e) })?;
         let own = own.map(|(_, own)| own).unwrap_or_default();
-        let gguf = Self { path: path.to_owned(), map, content, own };
+        let gguf = Self { path: path.to_owned(), map: Arc::new(map), content, own };
         gguf.check_tensor_ranges()?;
         Ok(gguf)
     }
@@ -120,6 +123,19 @@ impl Gguf {
     /// The whole file (for fingerprinting).
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// The file's mapping, for weights read after load: a tensor's bytes are
+    /// `mapping()[tensor_range(name)]`.
+    pub(crate) fn mapping(&self) -> Arc<Mmap> {
+        Arc::clone(&self.map)
+    }
+
+    /// Where a tensor's bytes lie in the file, and its format.
+    pub(crate) fn tensor_range(&self, name: &str) -> Result<(std::ops::Range<usize>, Stored)> {
+        let (bytes, dtype) = self.raw_stored(name)?;
+        let start = bytes.as_ptr() as usize - self.map.as_ptr() as usize;
+        Ok((start..start + bytes.len(), dtype))
     }
 
     /// BLAKE3 over the tokenizer's metadata (`tokenizer.ggml.*`, keys in order).
@@ -343,7 +359,7 @@ impl Gguf {
 /// alignment (at most 4 for every ggml block). GGUF aligns data to 32, but a file may lie
 /// (and a row range starts anywhere): copy if so, into u32s (a copy as a Vec<u8> is not
 /// aligned by contract, and an empty one's pointer is 1).
-fn qtensor_of(bytes: &[u8], dtype: GgmlDType, shape: candle_core::Shape) -> Result<QTensor> {
+pub(crate) fn qtensor_of(bytes: &[u8], dtype: GgmlDType, shape: candle_core::Shape) -> Result<QTensor> {
     let copy: Vec<u32>;
     let data = if (bytes.as_ptr() as usize).is_multiple_of(4) {
         bytes

@@ -1,7 +1,9 @@
 //! The batched forward: several sequences at different positions, some prefilling and
 //! some decoding, in one pass. Every row's logits must be bit-identical to the same
 //! tokens run alone on the same cache (the property batching stands on), on both
-//! models, and a batched greedy decode must produce each row's serial tokens.
+//! models, and a batched greedy decode must produce each row's serial tokens. The same
+//! for make-gguf's tiny qwen3moe (a mixture of experts: rows of a pass share experts, and
+//! a row's result must not depend on which), when it has been generated.
 
 mod common;
 
@@ -30,8 +32,10 @@ fn bits(v: &[f32]) -> Vec<u32> {
 /// Mixed rows: a fresh prefill, a prefill that continues a cached prefix, a one-token
 /// decode, and an `All`-logits scoring row.
 fn mixed_rows_equal_their_solo_runs(file: &str, fixture_name: &str) {
-    let model = load(file);
-    let p = prompts(fixture_name);
+    mixed_rows_of(&load(file), file, &prompts(fixture_name));
+}
+
+fn mixed_rows_of(model: &Model, file: &str, p: &[Vec<u32>]) {
     // Cache states to start from: nothing, a prefix, all but the last token.
     let start = |prefix: &[u32]| -> SeqCache {
         let mut c = model.new_cache();
@@ -73,6 +77,35 @@ fn smollm2_mixed_batch_rows_equal_their_solo_runs() {
 #[test]
 fn gemma3_mixed_batch_rows_equal_their_solo_runs() {
     mixed_rows_equal_their_solo_runs(GEMMA, "oracle-gemma3.json");
+}
+
+/// make-gguf's tiny qwen3moe at `kind` (`<generated dir>/qwen3moe-<kind>.gguf`) and the
+/// prompts of its serial fixture; `None` when not generated (unless
+/// `CORRAL_REQUIRE_GENERATED=1`).
+fn qwen3moe(kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
+    let dir = match std::env::var_os("CORRAL_GENERATED_DIR") {
+        Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
+        _ => models_dir().join("generated"),
+    };
+    let path = dir.join(format!("qwen3moe-{kind}.gguf"));
+    if !path.is_file() {
+        assert!(std::env::var("CORRAL_REQUIRE_GENERATED").as_deref() != Ok("1"), "{} is missing", path.display());
+        eprintln!("skipped: {} is missing (scripts/models/make-gguf)", path.display());
+        return None;
+    }
+    let f = fixture(&format!("serial-qwen3moe-{kind}.json"));
+    let prompts = f["cases"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).collect();
+    Some((Model::load(&Gguf::open(&path).unwrap()).unwrap(), prompts))
+}
+
+#[test]
+fn qwen3moe_mixed_batch_rows_equal_their_solo_runs() {
+    // The types CI makes before this test runs (its q4_k_m waits for llama-quantize).
+    for kind in ["q8_0", "q4_0"] {
+        if let Some((model, p)) = qwen3moe(kind) {
+            mixed_rows_of(&model, &format!("qwen3moe-{kind}"), &p);
+        }
+    }
 }
 
 /// Four sequences decoded greedily together, one token each per pass, rows leaving

@@ -1,4 +1,4 @@
-//! The families of issue 33 (Llama 3.x, qwen2, qwen3, mistral3, phi3) against llama.cpp, on the noise
+//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3) against llama.cpp, on the noise
 //! models `scripts/models/make-gguf` writes (tiny shapes, the families' real vocabularies):
 //! corral's CPU greedy tokens with the default batch-invariant numerics must equal
 //! llama.cpp's serial path (`llama-server -ub 1`, fixtures from
@@ -89,9 +89,15 @@ fn cases(preset: &str, kind: &str) -> Vec<Case> {
 /// step on, by up to 7e-3 (BF16 1.5e-3) with every token equal: every type does, and so
 /// does a file of Q8_0 alone made by llama-quantize from the same f16 weights (make-gguf's
 /// own Q8_0 files do not), so the cause is not in the kernels; it is not found yet
-/// (docs/engine.md, "Models").
-fn margin_noise(kind: &str) -> f64 {
+/// (docs/engine.md, "Models"). The qwen3moe fixtures come from an AVX2-only host, whose
+/// llama.cpp sums some lanes in other orders than the AVX-512 build corral reproduces:
+/// there the dense qwen3 Q8_0 file's margins move by up to 4.4e-3 on two prompts ("story",
+/// "long") against its AVX-512 fixture, and qwen3moe's Q8_0 ones by 3.7e-3 on the same two
+/// (both ~1e-6 on the others), so qwen3moe's Q8_0 is held to the quantized types' 0.01
+/// until its fixtures are captured on an AVX-512 host.
+fn margin_noise(preset: &str, kind: &str) -> f64 {
     match kind {
+        "q8_0" if preset == "qwen3moe" => 0.01,
         "q4_0" => 0.05,
         "f16" | "bf16" => 5e-3,
         k if QUANTIZED.contains(&k) => 0.01,
@@ -136,7 +142,7 @@ fn serial_and_batched_equal_llama_cpp(preset: &str, kind: &str) {
             .enumerate()
             .fold((0, 0.0), |best, (i, d)| if d > best.1 { (i, d) } else { best });
         match ours.iter().zip(&c.tokens).position(|(a, b)| a != b) {
-            None if drift > margin_noise(kind) => failures.push(format!(
+            None if drift > margin_noise(preset, kind) => failures.push(format!(
                 "{preset}-{kind} {}: the tokens match but the top-2 margin at token {at} is {} where llama.cpp's is {}",
                 c.name, margins[at], c.margins[at]
             )),
@@ -213,6 +219,19 @@ fn qwen3_q8_0_equals_llama_cpp_serial() {
     serial_and_batched_equal_llama_cpp("qwen3", "q8_0");
 }
 
+// qwen3moe: qwen3's attention with a mixture of experts in every layer (16 experts, 4 used
+// per token: an f32 router, softmax, top-k in ggml's order, renormalized weights).
+
+#[test]
+fn qwen3moe_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen3moe", "q4_0");
+}
+
+#[test]
+fn qwen3moe_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen3moe", "q8_0");
+}
+
 // mistral3: YaRN with the file's β values and log multiplier, and the attention
 // temperature, which the preset's 16-token original context turns on within the prompts.
 
@@ -282,6 +301,7 @@ mod quantized {
         qwen3_q4_k_m: "qwen3" "q4_k_m";
         mistral3_q4_k_m: "mistral3" "q4_k_m";
         phi3_q4_k_m: "phi3" "q4_k_m";
+        qwen3moe_q4_k_m: "qwen3moe" "q4_k_m";
         llama3_q5_k_m: "llama3" "q5_k_m";
         qwen2_q5_k_m: "qwen2" "q5_k_m";
         qwen3_q5_k_m: "qwen3" "q5_k_m";

@@ -16,7 +16,10 @@ vocabulary (a llama.cpp vocab-only file, named by `vocab`):
              (llama.cpp has no vocab-only tekken file);
   `phi3`     fused attn_qkv and gate|up ffn_up, LongRoPE factors with an original context
              of 2,048 (a 4,096 context takes the long ones), attn_factor 1.19, a sliding
-             window llama.cpp ignores, phi-3.
+             window llama.cpp ignores, phi-3;
+  `qwen3moe` qwen3's attention and a mixture of experts in every layer: an f32 router
+             (`ffn_gate_inp`), 16 experts of which 4 are used, experts 256 wide (so
+             llama-quantize's K-quants fit their rows), tied, qwen2.
 
 The same families at the shapes of the released models people download, `<family>-<size>`
 (values from each model's config.json; the weights are noise, so only shapes, rotary
@@ -31,7 +34,13 @@ settings and vocabulary matter):
                  temperature 0.1 (its floor scale the original context), tied, llama-bpe
                  standing in for tekken;
   `phi3-mini`    Phi-3 mini 128k: LongRoPE over an original context of 4,096 (so the
-                 oracle's 4,096 context takes the short factors), attn_factor 1.19.
+                 oracle's 4,096 context takes the short factors), attn_factor 1.19;
+  `qwen3moe-30b-a3b`  Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B, the same shapes): 48 layers,
+                 head size 128, 128 experts of which 8 are used, experts 768 wide, an output
+                 matrix (30.5 B parameters, 3.3 B active per token).
+
+`experts=(count, used, width)` makes a preset a mixture of experts (qwen3moe): `ffn` is then
+only the `feed_forward_length` written to the file.
 """
 
 PRESETS = {
@@ -54,6 +63,8 @@ PRESETS = {
                      temperature=0.1),
     "phi3": dict(arch="phi3", hidden=256, layers=2, heads=8, kv_heads=2, ffn=512, vocab="phi-3", rope=10000.0,
                  ctx=131072, longrope=(2048, 1.19), window=64),
+    "qwen3moe": dict(arch="qwen3moe", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512,
+                     experts=(16, 4, 256), vocab="qwen2", rope=1e6, ctx=40960, tied=True),
     "llama3-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab="llama-bpe",
                       rope=500000.0, ctx=131072, rope_freqs=(32.0, 1.0, 4.0, 8192), tied=True),
     "qwen2-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab="qwen2", rope=1e6,
@@ -67,6 +78,8 @@ PRESETS = {
                         yarn_extra=(32.0, 1.0, 1.0), temperature=0.1),
     "phi3-mini": dict(arch="phi3", hidden=3072, layers=32, heads=32, kv_heads=32, ffn=8192, vocab="phi-3",
                       rope=10000.0, ctx=131072, longrope=(4096, 1.19), window=262144),
+    "qwen3moe-30b-a3b": dict(arch="qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                             experts=(128, 8, 768), vocab="qwen2", rope=1e6, ctx=40960),
 }
 
 # Token counts of the real vocabularies (for --list, which needs no vocab file).
@@ -78,5 +91,17 @@ def params(p):
     V = p["vocab"] if isinstance(p["vocab"], int) else VOCAB_SIZES.get(p["vocab"], 0)
     HD = p.get("head_dim", H // NH)
     per_layer = H * NH * HD * 2 + 2 * H * NKV * HD + 3 * H * F
+    if "experts" in p:  # the router and every expert's gate, up and down
+        E, _, FE = p["experts"]
+        per_layer += H * E + 3 * H * FE * E - 3 * H * F
     tied = p["arch"] == "gemma3" or p.get("tied", False)
     return V * H * (1 if tied else 2) + L * per_layer
+
+
+def active_params(p):
+    """Parameters one token reads: every expert's share but the used ones' left out."""
+    total = params(p)
+    if "experts" not in p:
+        return total
+    E, used, FE = p["experts"]
+    return total - p["layers"] * 3 * p["hidden"] * FE * (E - used)

@@ -3,9 +3,10 @@
 use std::ops::Range;
 
 use super::batch::{Row, Spans, split};
-use crate::config::AttnTemperature;
+use crate::config::{AttnTemperature, MoeConfig};
 use crate::error::Result;
 use crate::gguf::Gguf;
+use crate::kernels::moe::Experts;
 use crate::kernels::ops;
 use crate::kernels::rope::{RopeAngles, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
@@ -27,6 +28,7 @@ impl Backend for Cpu {
     type Vector = Vec<f32>;
     type Table = Embedding;
     type Pass = CpuPass;
+    type Experts = Experts;
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Linear> {
         Linear::load(g, name, in_dim, out_dim)
@@ -42,6 +44,14 @@ impl Backend for Cpu {
 
     fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
         Embedding::load(g, name, vocab, hidden)
+    }
+
+    fn experts(&self, g: &Gguf, layer: usize, hidden: usize, moe: MoeConfig) -> Result<Experts> {
+        Experts::load(g, layer, hidden, moe)
+    }
+
+    fn moe(&self, _: &CpuPass, x: &Vec<f32>, e: &Experts) -> Result<Vec<f32>> {
+        e.forward(x)
     }
 
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CpuPass> {

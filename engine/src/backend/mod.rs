@@ -16,7 +16,7 @@ pub use device::{DeviceChoice, DeviceKind};
 
 use std::ops::Range;
 
-use crate::config::AttnTemperature;
+use crate::config::{AttnTemperature, MoeConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
@@ -54,6 +54,8 @@ pub trait Backend: Send + Sync + 'static {
     /// What one forward pass needs to know about its rows (positions, rotary tables,
     /// where each row's K/V lives).
     type Pass;
+    /// One layer's mixture of experts: its router and every expert's matrices (qwen3moe).
+    type Experts: Send + Sync;
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<Self::Matrix>;
     /// Rows `rows` of `name`, an `[n, in_dim]` matrix, as a matrix of their own: the parts
@@ -61,6 +63,9 @@ pub trait Backend: Send + Sync + 'static {
     fn matrix_rows(&self, g: &Gguf, name: &str, in_dim: usize, n: usize, rows: Range<usize>) -> Result<Self::Matrix>;
     fn vector(&self, g: &Gguf, name: &str, n: usize) -> Result<Self::Vector>;
     fn table(&self, g: &Gguf, name: &str, vocab: usize, hidden: usize) -> Result<Self::Table>;
+    /// Layer `layer`'s router (`ffn_gate_inp`) and experts (`ffn_{gate,up,down}_exps`).
+    /// A backend without a mixture-of-experts op says so here, at load.
+    fn experts(&self, g: &Gguf, layer: usize, hidden: usize, moe: MoeConfig) -> Result<Self::Experts>;
 
     /// Start a pass over `rows` (each row's tokens at positions `cache.len()..`), with
     /// rotary tables for each of `rope_bases` (`rope` picks one by index).
@@ -209,6 +214,10 @@ pub trait Backend: Send + Sync + 'static {
         let a = self.rope_attend(p, rows, layer, qkv, rope, spec)?;
         self.matmul(p, w, &a)
     }
+    /// The mixture of experts of the normed rows `x`: each row's chosen experts' SwiGLU
+    /// MLPs, weighted and summed as llama.cpp's `build_moe_ffn` does (`kernels::moe`).
+    /// A row's result never depends on the other rows of the pass.
+    fn moe(&self, p: &Self::Pass, x: &Self::Act, e: &Self::Experts) -> Result<Self::Act>;
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;

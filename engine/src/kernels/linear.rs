@@ -51,6 +51,25 @@ impl Linear {
         Ok(Self { kernel, in_dim, out_dim, dtype })
     }
 
+    /// An `[out_dim, in_dim]` matrix from its stored bytes: one expert's slice of a
+    /// mixture of experts' 3-D `ffn_*_exps` tensor (`name` for errors). Its matmul is the
+    /// one a matrix of its own would take (IQ4_NL repacked by its own row count).
+    pub fn from_stored(name: &str, bytes: &[u8], dtype: Stored, in_dim: usize, out_dim: usize) -> Result<Self> {
+        let kernel = match dtype {
+            _ if QuantMatMul::supports(dtype, in_dim) => {
+                Kernel::Own(QuantMatMul::from_bytes(name, dtype, bytes, in_dim, out_dim)?.with_rows_in_file(out_dim))
+            }
+            Stored::Ggml(d) => {
+                Kernel::Candle(QMatMul::from_qtensor(crate::gguf::qtensor_of(bytes, d, (out_dim, in_dim).into())?)?)
+            }
+            other => {
+                let reason = format!("{other:?} matrices with rows of {in_dim} are not supported");
+                return Err(Error::Tensor { name: name.to_owned(), reason });
+            }
+        };
+        Ok(Self { kernel, in_dim, out_dim, dtype })
+    }
+
     pub fn in_dim(&self) -> usize {
         self.in_dim
     }

@@ -12,6 +12,7 @@
 mod attention;
 mod lanes;
 mod linear;
+pub(crate) mod moe;
 pub mod ops;
 pub(crate) mod quant;
 pub mod rope;

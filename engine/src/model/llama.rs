@@ -6,7 +6,8 @@
 //! RMSNorm, SwiGLU MLP; rotary pairs interleaved for llama and mistral3 (GGUF's converter
 //! permutes Q/K for them), NeoX for the Qwens and phi3; per-dimension frequency factors
 //! (Llama 3's `rope_freqs`, phi3's LongRoPE) and `rope.scaling.*` (linear, YaRN) shape the
-//! angles. Written once over `Backend` ops; runs on the CPU or a GPU.
+//! angles. qwen3moe is qwen3 with a mixture of experts in place of every MLP
+//! (`Backend::moe`). Written once over `Backend` ops; runs on the CPU or a GPU.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,9 +40,15 @@ struct Layer<B: Backend> {
     qk_norm: Option<[B::Vector; 2]>,
     wo: B::Matrix,
     ffn_norm: B::Vector,
-    w_gate: B::Matrix,
-    w_up: B::Matrix,
-    w_down: B::Matrix,
+    ffn: Ffn<B>,
+}
+
+/// A layer's feed-forward part after its norm.
+enum Ffn<B: Backend> {
+    /// SwiGLU: `down(silu(gate x) * up x)`.
+    Dense { gate: B::Matrix, up: B::Matrix, down: B::Matrix },
+    /// A mixture of SwiGLU experts (qwen3moe).
+    Experts(B::Experts),
 }
 
 pub(crate) struct Llama<B: Backend> {
@@ -81,7 +88,12 @@ impl<B: Backend> Llama<B> {
             _ => &["output.bias", "rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"],
         };
         let fused: &[&str] = if phi3 { &[] } else { &["attn_qkv.weight"] };
-        let per_layer = UNUSED.iter().chain(fused).map(|s| format!("blk.0.{s}"));
+        // qwen3moe's router is its own; a dense MLP in a mixture-of-experts file is not.
+        let (unused, dense_in_moe): (&[&str], &[&str]) = match cfg.moe {
+            None => (UNUSED, &[]),
+            Some(_) => (&UNUSED[..UNUSED.len() - 1], &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]),
+        };
+        let per_layer = unused.iter().chain(fused).chain(dense_in_moe).map(|s| format!("blk.0.{s}"));
         for name in global.iter().map(|s| s.to_string()).chain(per_layer) {
             if g.has_tensor(&name) {
                 let reason = format!("is not supported in a {} model", cfg.arch.name());
@@ -103,7 +115,9 @@ impl<B: Backend> Llama<B> {
                     }
                 };
                 let qk_norm = match cfg.arch {
-                    Arch::Qwen3 => Some([b.vector(g, &n("attn_q_norm"), hd)?, b.vector(g, &n("attn_k_norm"), hd)?]),
+                    Arch::Qwen3 | Arch::Qwen3Moe => {
+                        Some([b.vector(g, &n("attn_q_norm"), hd)?, b.vector(g, &n("attn_k_norm"), hd)?])
+                    }
                     _ => None,
                 };
                 // phi3's fused weights, split by rows: Q|K|V in `attn_qkv` (or separate,
@@ -119,12 +133,18 @@ impl<B: Backend> Llama<B> {
                         b.matrix(g, &n("attn_v"), h, kv),
                     ],
                 };
-                let (w_gate, w_up) = match phi3 {
-                    true => (
-                        b.matrix_rows(g, &n("ffn_up"), h, 2 * ff, 0..ff)?,
-                        b.matrix_rows(g, &n("ffn_up"), h, 2 * ff, ff..2 * ff)?,
-                    ),
-                    false => (b.matrix(g, &n("ffn_gate"), h, ff)?, b.matrix(g, &n("ffn_up"), h, ff)?),
+                let ffn = match (cfg.moe, phi3) {
+                    (Some(moe), _) => Ffn::Experts(b.experts(g, i, h, moe)?),
+                    (None, true) => Ffn::Dense {
+                        gate: b.matrix_rows(g, &n("ffn_up"), h, 2 * ff, 0..ff)?,
+                        up: b.matrix_rows(g, &n("ffn_up"), h, 2 * ff, ff..2 * ff)?,
+                        down: b.matrix(g, &n("ffn_down"), ff, h)?,
+                    },
+                    (None, false) => Ffn::Dense {
+                        gate: b.matrix(g, &n("ffn_gate"), h, ff)?,
+                        up: b.matrix(g, &n("ffn_up"), h, ff)?,
+                        down: b.matrix(g, &n("ffn_down"), ff, h)?,
+                    },
                 };
                 let (mut wq, mut wk, mut wv) = (wq?, wk?, wv?);
                 // Into the matmuls where the backend can; the rest added after them.
@@ -143,9 +163,7 @@ impl<B: Backend> Llama<B> {
                     qk_norm,
                     wo: b.matrix(g, &n("attn_output"), q, h)?,
                     ffn_norm: b.vector(g, &n("ffn_norm"), h)?,
-                    w_gate,
-                    w_up,
-                    w_down: b.matrix(g, &n("ffn_down"), ff, h)?,
+                    ffn,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -231,8 +249,16 @@ impl<B: Backend> Architecture for Llama<B> {
                     b.attend_matmul(&mut p, rows, il, (&q, &k, &v), &spec, &l.wo)?
                 }
             };
-            let [gate, up] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [&l.w_gate, &l.w_up])?;
-            ffn_out = Some(b.gated_matmul(&p, gate, &up, Gate::Silu, &l.w_down)?);
+            ffn_out = Some(match &l.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let [g, u] = b.add_norm_matmul_many(&p, &mut x, &o, &l.ffn_norm, c.rms_eps, [gate, up])?;
+                    b.gated_matmul(&p, g, &u, Gate::Silu, down)?
+                }
+                Ffn::Experts(e) => {
+                    b.add(&mut x, &o)?;
+                    b.moe(&p, &b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?, e)?
+                }
+            });
         }
         if let Some(y) = ffn_out {
             b.add(&mut x, &y)?;

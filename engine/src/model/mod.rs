@@ -45,7 +45,7 @@ pub struct Model {
 
 fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Architecture>> {
     Ok(match config.arch {
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Mistral3 | Arch::Phi3 => {
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Mistral3 | Arch::Phi3 => {
             Arc::new(llama::Llama::load(b, g, config)?)
         }
         Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),

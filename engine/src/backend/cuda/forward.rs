@@ -25,7 +25,7 @@ use super::rope::RopeTables;
 use super::weights::{DeviceWeights, MatrixBytes};
 use crate::backend::batch::{Row, Spans, split};
 use crate::backend::{Backend, DeviceKind, Gate, Rotary};
-use crate::config::AttnTemperature;
+use crate::config::{AttnTemperature, MoeConfig};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 use crate::kernels::AttnSpec;
@@ -177,6 +177,20 @@ impl Backend for CudaBackend {
     type Vector = CudaSlice<f32>;
     type Table = DeviceWeights;
     type Pass = CudaPass;
+    /// No mixture-of-experts op on the GPU yet: `experts` refuses at load, so no value of
+    /// this type exists.
+    type Experts = std::convert::Infallible;
+
+    fn experts(&self, _: &Gguf, layer: usize, _: usize, _: MoeConfig) -> Result<Self::Experts> {
+        Err(Error::Tensor {
+            name: format!("blk.{layer}.ffn_gate_exps.weight"),
+            reason: "a mixture of experts (qwen3moe) has no CUDA path yet: run it with --device cpu".into(),
+        })
+    }
+
+    fn moe(&self, _: &CudaPass, _: &CudaSlice<f32>, e: &Self::Experts) -> Result<CudaSlice<f32>> {
+        match *e {}
+    }
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<DeviceWeights> {
         self.upload(g, name, in_dim, out_dim, 0..out_dim)

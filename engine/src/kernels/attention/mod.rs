@@ -23,6 +23,8 @@ mod scores;
 mod tile;
 mod values;
 
+/// tinyBLAS's f32 dot (16 FMA lanes, GCC's 512-bit reduction): also the router's matmul.
+pub(crate) use order::dot_lanes;
 use order::{LANES, Order, reduce16};
 use tile::attend_tile;
 use values::{round_probs, weigh_values};

@@ -95,7 +95,7 @@ pub(super) fn reduce16(a: &[f32; LANES]) -> f32 {
 /// tinyBLAS order: lane `i % 16` accumulates element `i` by FMA, lanes reduced at the end.
 /// `k` is a multiple of 16 for every supported head size.
 #[inline]
-pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     reduce16(&lanes::fma16(a, b))
 }
 
