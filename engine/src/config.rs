@@ -177,13 +177,11 @@ impl ModelConfig {
     /// Why `--device auto` keeps this model on the CPU: its family's CUDA path (Q/K/V
     /// biases, head norms, fused weights, scaled rotary tables, the attention temperature)
     /// has op and whole-model tests against the CPU that have not run on a GPU yet. An
-    /// explicit `--device cuda:N` runs it on the GPU — except qwen3moe, whose experts have
-    /// no CUDA op at all (`cuda:N` refuses it at load).
+    /// explicit `--device cuda:N` runs it on the GPU.
     /// `rope_freqs`: whether the file has Llama 3.1's frequency factors.
     pub fn gpu_unproven(&self, rope_freqs: bool) -> Option<String> {
         let scaled = rope_freqs || self.rope_scaling != RopeScaling::NONE || self.attn_temperature.is_some();
         match self.arch {
-            Arch::Qwen3Moe => Some("qwen3moe's mixture of experts has no CUDA path yet".into()),
             Arch::Llama | Arch::Gemma3 if !scaled => None,
             a => Some(format!("{}'s CUDA path is not yet verified on a GPU", a.name())),
         }

@@ -20,6 +20,7 @@ use super::formats::KERNEL_TYPES;
 use super::gemm::{Prefill, gemm_min_rows};
 use super::graph::{Graphs, Step, graphs_wanted};
 use super::kv::KvPlan;
+use super::moe::DeviceExperts;
 use super::ops::{ActFormat, DeviceAct, RopeSpec, ScaledRope};
 use super::rope::RopeTables;
 use super::weights::{DeviceWeights, MatrixBytes};
@@ -177,19 +178,14 @@ impl Backend for CudaBackend {
     type Vector = CudaSlice<f32>;
     type Table = DeviceWeights;
     type Pass = CudaPass;
-    /// No mixture-of-experts op on the GPU yet: `experts` refuses at load, so no value of
-    /// this type exists.
-    type Experts = std::convert::Infallible;
+    type Experts = DeviceExperts;
 
-    fn experts(&self, _: &Gguf, layer: usize, _: usize, _: MoeConfig) -> Result<Self::Experts> {
-        Err(Error::Tensor {
-            name: format!("blk.{layer}.ffn_gate_exps.weight"),
-            reason: "a mixture of experts (qwen3moe) has no CUDA path yet: run it with --device cpu".into(),
-        })
+    fn experts(&self, g: &Gguf, layer: usize, hidden: usize, moe: MoeConfig) -> Result<DeviceExperts> {
+        DeviceExperts::load(&self.gpu, g, layer, hidden, moe)
     }
 
-    fn moe(&self, _: &CudaPass, _: &CudaSlice<f32>, e: &Self::Experts) -> Result<CudaSlice<f32>> {
-        match *e {}
+    fn moe(&self, _: &CudaPass, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
+        self.gpu.moe(x, e)
     }
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<DeviceWeights> {

@@ -21,6 +21,7 @@ mod gemv;
 mod graph;
 mod kv;
 mod mmq;
+mod moe;
 mod ops;
 mod probe;
 pub mod programs;

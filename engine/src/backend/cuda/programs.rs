@@ -21,6 +21,7 @@ pub const GEMV: Program = Program {
         ("gemv_f.cu", include_str!("kernels/gemv_f.cu")),
         ("gemv_rows.cu", include_str!("kernels/gemv_rows.cu")),
         ("gemv1.cu", include_str!("kernels/gemv1.cu")),
+        ("gemv_id.cu", include_str!("kernels/gemv_id.cu")),
     ],
 };
 pub const MMQ: Program = Program { name: "mmq", files: &[("mmq.cu", include_str!("kernels/mmq.cu"))] };
@@ -30,10 +31,11 @@ pub const ATTENTION: Program = Program {
     name: "attention",
     files: &[("kv.cu", include_str!("kernels/kv.cu")), ("attention.cu", include_str!("kernels/attention.cu"))],
 };
+pub const MOE: Program = Program { name: "moe", files: &[("moe.cu", include_str!("kernels/moe.cu"))] };
 pub const PREFILL: Program = Program { name: "prefill", files: &[("prefill.cu", include_str!("kernels/prefill.cu"))] };
 
 /// Every program, in load order.
-pub const ALL: [&Program; 7] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION, &PREFILL];
+pub const ALL: [&Program; 8] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION, &PREFILL, &MOE];
 
 impl Program {
     /// The full text handed to NVRTC.

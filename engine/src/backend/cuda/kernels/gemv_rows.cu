@@ -9,28 +9,31 @@ __host__ __device__ constexpr int gemv_items(int type, int kb) {
            : kb;
 }
 
+// Output row `row` of `a`; its weights (and bias) are row `w0 + row` of the matrix (a
+// mixture of experts' stacked matrices: `w0` is the chosen expert's first row).
 template <int T>
-__device__ __forceinline__ void gemv_at(const Args& a, int row) {
+__device__ __forceinline__ void gemv_at(const Args& a, int row, int w0 = 0) {
     const int lane = threadIdx.x & 31;
     if (row >= a.n) return;
+    const int wrow = w0 + row;
     float acc[MAXM];
 #pragma unroll
     for (int r = 0; r < MAXM; r++) acc[r] = 0.0f;
     const int items = gemv_items(T, a.kb);
 #pragma unroll 4
     for (int it = lane; it < items; it += 32) {
-        if constexpr (T == 4) item_q4k(a, row, it, acc);
-        else if constexpr (T == 5) item_q6k(a, row, it, acc);
-        else if constexpr (T == 8) item_q5k(a, row, it, acc);
-        else if constexpr (T == 9) item_q3k(a, row, it, acc);
-        else if constexpr (T == 10) item_q2k(a, row, it, acc);
-        else if constexpr (T == 11) item_iq4xs(a, row, it, acc);
-        else if constexpr (T >= 12) item_float<T == 13>(a, row, it, acc);
-        else item32<T>(a, row, it, acc);
+        if constexpr (T == 4) item_q4k(a, wrow, it, acc);
+        else if constexpr (T == 5) item_q6k(a, wrow, it, acc);
+        else if constexpr (T == 8) item_q5k(a, wrow, it, acc);
+        else if constexpr (T == 9) item_q3k(a, wrow, it, acc);
+        else if constexpr (T == 10) item_q2k(a, wrow, it, acc);
+        else if constexpr (T == 11) item_iq4xs(a, wrow, it, acc);
+        else if constexpr (T >= 12) item_float<T == 13>(a, wrow, it, acc);
+        else item32<T>(a, wrow, it, acc);
     }
     for (int r = 0; r < a.rows; r++) {
         const float s = warp_sum(acc[r]);
-        if (lane == 0) a.y[(size_t)r * a.n + row] = a.bias ? s + a.bias[row] : s;
+        if (lane == 0) a.y[(size_t)r * a.n + row] = a.bias ? s + a.bias[wrow] : s;
     }
 }
 

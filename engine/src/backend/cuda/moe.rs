@@ -1,0 +1,190 @@
+//! A mixture of experts on the GPU (qwen3moe): the router, the chosen experts' SwiGLU
+//! MLPs and their weighted sum, every step on the device so a decode step stays one
+//! captured graph (no routing decision comes back to the host).
+//!
+//! - `moe_route` (`kernels/moe.cu`): each token's router logits, softmax, top `used`
+//!   and renormalized weights, in the CPU's arithmetic (`kernels::moe`'s `route`);
+//! - the three expert stacks (`ffn_{gate,up,down}_exps`) are uploaded whole as matrices
+//!   of `experts * out` rows; `gemv_id_<type>` (`kernels/gemv_id.cu`) multiplies each
+//!   (token, slot) pair's chosen expert with its activation row, the one-row GEMV's
+//!   arithmetic per pair;
+//! - `gate_quantize` forms SiLU(gate) * up and quantizes it for the down stack;
+//! - `moe_sum` adds each token's slots in routing order, each product rounded first.
+//!
+//! Prefill runs the same per-pair GEMV (each pair reads its expert's rows; no grouped
+//! MMQ yet), so long prompts on a mixture-of-experts model are slower than on a dense
+//! one of the same active size.
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+use super::device::{Gpu, drv};
+use super::formats::type_index;
+use super::ops::{ActFormat, DeviceAct, blocks_of, int, shape};
+use super::programs::{GEMV, MOE};
+use super::weights::{DeviceWeights, MatrixBytes};
+use crate::backend::Gate;
+use crate::config::MoeConfig;
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, Stored};
+use candle_core::quantized::GgmlDType;
+
+/// `moe.cu`'s bound on the experts a router may have.
+const MAX_EXPERTS: usize = 512;
+
+// Kernel names in `KERNEL_TYPES` order.
+const ID: [&str; 14] = [
+    "gemv_id_q4_0",
+    "gemv_id_q4_1",
+    "gemv_id_q5_0",
+    "gemv_id_q8_0",
+    "gemv_id_q4_k",
+    "gemv_id_q6_k",
+    "gemv_id_q5_1",
+    "gemv_id_iq4_nl",
+    "gemv_id_q5_k",
+    "gemv_id_q3_k",
+    "gemv_id_q2_k",
+    "gemv_id_iq4_xs",
+    "gemv_id_f16",
+    "gemv_id_bf16",
+];
+
+/// One layer's router and expert stacks on the device.
+pub struct DeviceExperts {
+    /// `[experts][hidden]`, f32.
+    router: CudaSlice<f32>,
+    /// `ffn_gate_exps`, `ffn_up_exps` (`experts * width` rows of `hidden`) and
+    /// `ffn_down_exps` (`experts * hidden` rows of `width`).
+    stacks: [DeviceWeights; 3],
+    moe: MoeConfig,
+    hidden: usize,
+}
+
+impl DeviceExperts {
+    /// Layer `layer`'s router and experts, uploaded whole.
+    pub fn load(gpu: &Gpu, g: &Gguf, layer: usize, hidden: usize, moe: MoeConfig) -> Result<Self> {
+        let n = |s: &str| format!("blk.{layer}.{s}.weight");
+        let name = n("ffn_gate_inp");
+        let bad = |name: &str, reason: String| Error::Tensor { name: name.to_owned(), reason };
+        let dims = g.dims(&name)?;
+        let (bytes, dtype) = g.raw_stored(&name)?;
+        if dims != [moe.experts, hidden] || dtype != Stored::Ggml(GgmlDType::F32) || moe.experts > MAX_EXPERTS {
+            let want = format!("an f32 [{}, {hidden}] router of at most {MAX_EXPERTS} experts", moe.experts);
+            return Err(bad(&name, format!("{dtype:?} {dims:?}, expected {want}")));
+        }
+        let router: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let router = gpu.stream.clone_htod(&router).map_err(drv("upload router"))?;
+        let stack = |s: &str, k: usize, out: usize| -> Result<DeviceWeights> {
+            let name = n(s);
+            let dims = g.dims(&name)?;
+            if dims != [moe.experts, out, k] {
+                return Err(bad(&name, format!("shape {dims:?}, expected [{}, {out}, {k}]", moe.experts)));
+            }
+            let (bytes, dtype) = g.raw_stored(&name)?;
+            DeviceWeights::upload(gpu, MatrixBytes { name: &name, dtype, bytes, k, n: moe.experts * out })
+        };
+        let stacks = [
+            stack("ffn_gate_exps", hidden, moe.width)?,
+            stack("ffn_up_exps", hidden, moe.width)?,
+            stack("ffn_down_exps", moe.width, hidden)?,
+        ];
+        for w in &stacks {
+            type_index(w.dtype())?;
+        }
+        Ok(Self { router, stacks, moe, hidden })
+    }
+}
+
+impl Gpu {
+    /// The mixture of experts of the normed rows `x` (`[tokens][hidden]`).
+    pub fn moe(&self, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
+        let (h, MoeConfig { used, width, .. }) = (e.hidden, e.moe);
+        shape(x.len().is_multiple_of(h), || format!("x has {} values, rows of {h}", x.len()))?;
+        let tokens = x.len() / h;
+        let pairs = tokens * used;
+        let s = &self.stream;
+        // SAFETY (every alloc): plain integers and floats; each buffer is the output of
+        // the next launch, which writes all of it before anything reads it.
+        let mut ids: CudaSlice<i32> = unsafe { s.alloc(pairs) }.map_err(drv("alloc routes"))?;
+        let mut weights: CudaSlice<f32> = unsafe { s.alloc(pairs) }.map_err(drv("alloc routes"))?;
+        if tokens == 0 {
+            return unsafe { s.alloc(0) }.map_err(drv("alloc moe"));
+        }
+        let f = self.function(&MOE, "moe_route")?;
+        let cfg = LaunchConfig { grid_dim: (int(tokens)? as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let (hi, ei, ui) = (int(h)?, int(e.moe.experts)?, int(used)?);
+        let mut b = s.launch_builder(&f);
+        b.arg(x).arg(&e.router).arg(&hi).arg(&ei).arg(&ui).arg(&mut ids).arg(&mut weights);
+        // SAFETY: x holds tokens*h values, the router experts*h (at most MAX_EXPERTS, the
+        // kernel's shared array); ids and weights hold tokens*used.
+        unsafe { b.launch(cfg) }.map_err(drv("moe_route"))?;
+
+        let [gate_w, up_w, down_w] = &e.stacks;
+        let act_of = |w: &DeviceWeights| {
+            ActFormat::for_weights(w.dtype())
+                .ok_or_else(|| Error::Cuda { op: "moe", reason: format!("no activation format for {:?}", w.dtype()) })
+        };
+        let mut ax = DeviceAct::alloc(self, act_of(gate_w)?, tokens, h)?;
+        self.quantize(x, &mut ax)?;
+        let mut gate: CudaSlice<f32> = unsafe { s.alloc(pairs * width) }.map_err(drv("alloc moe"))?;
+        let mut up: CudaSlice<f32> = unsafe { s.alloc(pairs * width) }.map_err(drv("alloc moe"))?;
+        self.gemv_id(gate_w, width, &ax, &ids, used, &mut gate)?;
+        if act_of(up_w)? == ax.format {
+            self.gemv_id(up_w, width, &ax, &ids, used, &mut up)?;
+        } else {
+            let mut au = DeviceAct::alloc(self, act_of(up_w)?, tokens, h)?;
+            self.quantize(x, &mut au)?;
+            self.gemv_id(up_w, width, &au, &ids, used, &mut up)?;
+        }
+        let mut ah = DeviceAct::alloc(self, act_of(down_w)?, pairs, width)?;
+        self.gate_quantize(&gate, &up, Gate::Silu, &mut ah)?;
+        let mut down: CudaSlice<f32> = unsafe { s.alloc(pairs * h) }.map_err(drv("alloc moe"))?;
+        self.gemv_id(down_w, h, &ah, &ids, 1, &mut down)?;
+
+        let mut y: CudaSlice<f32> = unsafe { s.alloc(tokens * h) }.map_err(drv("alloc moe"))?;
+        let f = self.function(&MOE, "moe_sum")?;
+        let ti = int(tokens)?;
+        let mut b = s.launch_builder(&f);
+        b.arg(&down).arg(&weights).arg(&ti).arg(&ui).arg(&hi).arg(&mut y);
+        // SAFETY: down holds tokens*used rows of h, weights tokens*used, y tokens*h.
+        unsafe { b.launch(blocks_of(tokens * h, 256)?) }.map_err(drv("moe_sum"))?;
+        Ok(y)
+    }
+
+    /// `y[p] = W[ids[p]] . act[p / div]` for every pair `p` of `ids`: `w` is a stack of
+    /// `n`-row matrices, `y` `[pairs][n]`.
+    fn gemv_id(
+        &self,
+        w: &DeviceWeights,
+        n: usize,
+        act: &DeviceAct,
+        ids: &CudaSlice<i32>,
+        div: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let pairs = ids.len();
+        shape(act.k == w.k && pairs <= act.rows * div && y.len() >= pairs * n && w.n.is_multiple_of(n), || {
+            format!("{pairs} pairs of rows {n} over {} activation rows of {}, weights k = {}", act.rows, act.k, w.k)
+        })?;
+        let f = self.function(&GEMV, ID[type_index(w.dtype())?])?;
+        let kb = w.k / act.format.block();
+        let (ni, kbi, ki, divi) = (int(n)?, int(kb)?, int(w.k)?, int(div)?);
+        const WARPS: usize = 4;
+        let cfg = LaunchConfig {
+            grid_dim: (int(pairs)? as u32, int(n.div_ceil(WARPS))? as u32, 1),
+            block_dim: (WARPS as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let bias = w.bias_ptr(&self.stream);
+        let a = act.rows_from(0);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
+        a.push(&mut b);
+        b.arg(y).arg(&bias).arg(&ni).arg(&kbi).arg(&ki).arg(ids).arg(&divi);
+        // SAFETY: the stack holds w.n rows of kb blocks and every id names one of its
+        // w.n / n matrices (the router picks among `experts`); activation row p / div
+        // exists for every pair (checked); y holds pairs*n values.
+        unsafe { b.launch(cfg) }.map_err(drv("gemv_id"))?;
+        Ok(())
+    }
+}
