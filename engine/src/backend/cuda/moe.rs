@@ -4,16 +4,18 @@
 //!
 //! - `moe_route` (`kernels/moe.cu`): each token's router logits, softmax, top `used`
 //!   and renormalized weights, in the CPU's arithmetic (`kernels::moe`'s `route`);
+//! - `moe_sort` orders the (token, slot) pairs by expert and cuts each expert's rows
+//!   into chunks of up to eight; `moe_gather` copies each pair's token row into that
+//!   order, which is quantized once;
 //! - the three expert stacks (`ffn_{gate,up,down}_exps`) are uploaded whole as matrices
-//!   of `experts * out` rows; `gemv_id_<type>` (`kernels/gemv_id.cu`) multiplies each
-//!   (token, slot) pair's chosen expert with its activation row, the one-row GEMV's
-//!   arithmetic per pair;
+//!   of `experts * out` rows; `gemv_id_<type>` (`kernels/gemv_id.cu`) runs each chunk
+//!   against its expert's rows, the weights read once per chunk, each row in the GEMV's
+//!   own arithmetic (a row's result does not depend on the rows sharing its chunk);
 //! - `gate_quantize` forms SiLU(gate) * up and quantizes it for the down stack;
 //! - `moe_sum` adds each token's slots in routing order, each product rounded first.
 //!
-//! Prefill runs the same per-pair GEMV (each pair reads its expert's rows; no grouped
-//! MMQ yet), so long prompts on a mixture-of-experts model are slower than on a dense
-//! one of the same active size.
+//! Prefill takes the same chunked GEMV (an expert's weights are read once per eight of
+//! its rows; no grouped tensor-core MMQ yet).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -98,80 +100,98 @@ impl DeviceExperts {
 impl Gpu {
     /// The mixture of experts of the normed rows `x` (`[tokens][hidden]`).
     pub fn moe(&self, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
-        let (h, MoeConfig { used, width, .. }) = (e.hidden, e.moe);
+        let (h, MoeConfig { experts, used, width }) = (e.hidden, e.moe);
         shape(x.len().is_multiple_of(h), || format!("x has {} values, rows of {h}", x.len()))?;
         let tokens = x.len() / h;
         let pairs = tokens * used;
+        // Chunks of at most 8 rows of one expert: no more than this many.
+        let max_chunks = pairs.div_ceil(8) + experts.min(pairs);
         let s = &self.stream;
+        let (ti, hi, ei, ui, pi, ci) =
+            (int(tokens)?, int(h)?, int(experts)?, int(used)?, int(pairs)?, int(max_chunks)?);
         // SAFETY (every alloc): plain integers and floats; each buffer is the output of
         // the next launch, which writes all of it before anything reads it.
-        let mut ids: CudaSlice<i32> = unsafe { s.alloc(pairs) }.map_err(drv("alloc routes"))?;
-        let mut weights: CudaSlice<f32> = unsafe { s.alloc(pairs) }.map_err(drv("alloc routes"))?;
+        let alloc_i = |n: usize| unsafe { s.alloc::<i32>(n) }.map_err(drv("alloc moe"));
+        let alloc_f = |n: usize| unsafe { s.alloc::<f32>(n) }.map_err(drv("alloc moe"));
         if tokens == 0 {
-            return unsafe { s.alloc(0) }.map_err(drv("alloc moe"));
+            return alloc_f(0);
         }
+        let (mut ids, mut weights) = (alloc_i(pairs)?, alloc_f(pairs)?);
         let f = self.function(&MOE, "moe_route")?;
-        let cfg = LaunchConfig { grid_dim: (int(tokens)? as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let (hi, ei, ui) = (int(h)?, int(e.moe.experts)?, int(used)?);
+        let one = |threads: u32, blocks: usize| -> Result<LaunchConfig> {
+            Ok(LaunchConfig { grid_dim: (int(blocks)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+        };
         let mut b = s.launch_builder(&f);
         b.arg(x).arg(&e.router).arg(&hi).arg(&ei).arg(&ui).arg(&mut ids).arg(&mut weights);
         // SAFETY: x holds tokens*h values, the router experts*h (at most MAX_EXPERTS, the
         // kernel's shared array); ids and weights hold tokens*used.
-        unsafe { b.launch(cfg) }.map_err(drv("moe_route"))?;
+        unsafe { b.launch(one(128, tokens)?) }.map_err(drv("moe_route"))?;
+
+        let (mut pos, mut sorted, mut chunks) = (alloc_i(pairs)?, alloc_i(pairs)?, alloc_i(3 * max_chunks)?);
+        let f = self.function(&MOE, "moe_sort")?;
+        let mut b = s.launch_builder(&f);
+        b.arg(&ids).arg(&pi).arg(&ei).arg(&ci).arg(&mut pos).arg(&mut sorted).arg(&mut chunks);
+        // SAFETY: ids holds `pairs` experts below `experts` (<= MAX_EXPERTS, the shared
+        // array); pos and sorted hold `pairs`, chunks 3 * max_chunks, enough for any routing.
+        unsafe { b.launch(one(32, 1)?) }.map_err(drv("moe_sort"))?;
+
+        let mut xs = alloc_f(pairs * h)?;
+        let f = self.function(&MOE, "moe_gather")?;
+        let mut b = s.launch_builder(&f);
+        b.arg(x).arg(&sorted).arg(&pi).arg(&ui).arg(&hi).arg(&mut xs);
+        // SAFETY: sorted names pairs below tokens*used, so rows below tokens of x; xs
+        // holds pairs*h.
+        unsafe { b.launch(blocks_of(pairs * h, 256)?) }.map_err(drv("moe_gather"))?;
 
         let [gate_w, up_w, down_w] = &e.stacks;
         let act_of = |w: &DeviceWeights| {
             ActFormat::for_weights(w.dtype())
                 .ok_or_else(|| Error::Cuda { op: "moe", reason: format!("no activation format for {:?}", w.dtype()) })
         };
-        let mut ax = DeviceAct::alloc(self, act_of(gate_w)?, tokens, h)?;
-        self.quantize(x, &mut ax)?;
-        let mut gate: CudaSlice<f32> = unsafe { s.alloc(pairs * width) }.map_err(drv("alloc moe"))?;
-        let mut up: CudaSlice<f32> = unsafe { s.alloc(pairs * width) }.map_err(drv("alloc moe"))?;
-        self.gemv_id(gate_w, width, &ax, &ids, used, &mut gate)?;
-        if act_of(up_w)? == ax.format {
-            self.gemv_id(up_w, width, &ax, &ids, used, &mut up)?;
-        } else {
-            let mut au = DeviceAct::alloc(self, act_of(up_w)?, tokens, h)?;
-            self.quantize(x, &mut au)?;
-            self.gemv_id(up_w, width, &au, &ids, used, &mut up)?;
+        let mut ax = DeviceAct::alloc(self, act_of(gate_w)?, pairs, h)?;
+        self.quantize(&xs, &mut ax)?;
+        let (mut gate, mut up) = (alloc_f(pairs * width)?, alloc_f(pairs * width)?);
+        self.gemv_id(gate_w, width, &ax, &chunks, &mut gate)?;
+        if act_of(up_w)? != ax.format {
+            ax = DeviceAct::alloc(self, act_of(up_w)?, pairs, h)?;
+            self.quantize(&xs, &mut ax)?;
         }
+        self.gemv_id(up_w, width, &ax, &chunks, &mut up)?;
         let mut ah = DeviceAct::alloc(self, act_of(down_w)?, pairs, width)?;
         self.gate_quantize(&gate, &up, Gate::Silu, &mut ah)?;
-        let mut down: CudaSlice<f32> = unsafe { s.alloc(pairs * h) }.map_err(drv("alloc moe"))?;
-        self.gemv_id(down_w, h, &ah, &ids, 1, &mut down)?;
+        let mut down = alloc_f(pairs * h)?;
+        self.gemv_id(down_w, h, &ah, &chunks, &mut down)?;
 
-        let mut y: CudaSlice<f32> = unsafe { s.alloc(tokens * h) }.map_err(drv("alloc moe"))?;
+        let mut y = alloc_f(tokens * h)?;
         let f = self.function(&MOE, "moe_sum")?;
-        let ti = int(tokens)?;
         let mut b = s.launch_builder(&f);
-        b.arg(&down).arg(&weights).arg(&ti).arg(&ui).arg(&hi).arg(&mut y);
-        // SAFETY: down holds tokens*used rows of h, weights tokens*used, y tokens*h.
+        b.arg(&down).arg(&pos).arg(&weights).arg(&ti).arg(&ui).arg(&hi).arg(&mut y);
+        // SAFETY: down holds pairs rows of h and pos names rows below pairs; weights
+        // holds pairs, y tokens*h.
         unsafe { b.launch(blocks_of(tokens * h, 256)?) }.map_err(drv("moe_sum"))?;
         Ok(y)
     }
 
-    /// `y[p] = W[ids[p]] . act[p / div]` for every pair `p` of `ids`: `w` is a stack of
-    /// `n`-row matrices, `y` `[pairs][n]`.
+    /// The grouped expert GEMV: for each chunk `[expert, first, rows]` of `chunks`,
+    /// `y[first + i] = W[expert] . act[first + i]` for its rows; `w` is a stack of `n`-row
+    /// matrices, `act` and `y` the sorted rows.
     fn gemv_id(
         &self,
         w: &DeviceWeights,
         n: usize,
         act: &DeviceAct,
-        ids: &CudaSlice<i32>,
-        div: usize,
+        chunks: &CudaSlice<i32>,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let pairs = ids.len();
-        shape(act.k == w.k && pairs <= act.rows * div && y.len() >= pairs * n && w.n.is_multiple_of(n), || {
-            format!("{pairs} pairs of rows {n} over {} activation rows of {}, weights k = {}", act.rows, act.k, w.k)
+        shape(act.k == w.k && y.len() >= act.rows * n && w.n.is_multiple_of(n), || {
+            format!("{} activation rows of {} into rows of {n}, weights k = {}", act.rows, act.k, w.k)
         })?;
         let f = self.function(&GEMV, ID[type_index(w.dtype())?])?;
         let kb = w.k / act.format.block();
-        let (ni, kbi, ki, divi) = (int(n)?, int(kb)?, int(w.k)?, int(div)?);
+        let (ni, kbi, ki) = (int(n)?, int(kb)?, int(w.k)?);
         const WARPS: usize = 4;
         let cfg = LaunchConfig {
-            grid_dim: (int(pairs)? as u32, int(n.div_ceil(WARPS))? as u32, 1),
+            grid_dim: (int(chunks.len() / 3)? as u32, int(n.div_ceil(WARPS))? as u32, 1),
             block_dim: (WARPS as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -180,10 +200,10 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&f);
         b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
         a.push(&mut b);
-        b.arg(y).arg(&bias).arg(&ni).arg(&kbi).arg(&ki).arg(ids).arg(&divi);
-        // SAFETY: the stack holds w.n rows of kb blocks and every id names one of its
-        // w.n / n matrices (the router picks among `experts`); activation row p / div
-        // exists for every pair (checked); y holds pairs*n values.
+        b.arg(y).arg(&bias).arg(&ni).arg(&kbi).arg(&ki).arg(chunks);
+        // SAFETY: the stack holds w.n rows of kb blocks and every chunk's expert names one
+        // of its w.n / n matrices (the router picks among `experts`); the chunks cover
+        // rows below act.rows (the pairs `moe_sort` placed), and y holds act.rows * n.
         unsafe { b.launch(cfg) }.map_err(drv("gemv_id"))?;
         Ok(())
     }

@@ -1,21 +1,23 @@
-// Expert-indexed GEMV (a mixture of experts, `moe.rs`): the weights are an expert stack,
-// `[experts][n][k]` as one matrix of experts * n rows; pair p (token t = p / div, slot
-// p % used) multiplies expert ids[p]'s n rows with activation row p / div (div = used:
-// every slot of a token reads the token's row; div = 1: each pair has its own row) into
-// y[p][n]. Each output is `gemv_at`'s arithmetic for one activation row, so a pair's
-// result does not depend on the other pairs of the launch. Grid: x the pairs, y blocks
-// of output rows (one warp a row).
+// Grouped expert GEMV (a mixture of experts, `moe.rs`): the weights are an expert stack,
+// `[experts][n][k]` as one matrix of experts * n rows; the activation rows arrive sorted
+// by expert (`moe_sort`), and block x takes chunk x of the table `chunks` ([expert, first
+// row, rows] with rows <= MAXM; rows 0: an unused slot of the launch), so an expert's
+// weights are read once for up to eight of its rows. Each output is `gemv_at`'s
+// arithmetic for its own activation row: a row's result does not depend on the rows it
+// shares a chunk with. Grid: x the chunks, y blocks of output rows (one warp a row).
 
 #define GEMV_ID(NAME, T)                                                                    \
     extern "C" __global__ void NAME(const u8* qs, const float* d, const float* m,           \
                                     const u8* aux, const i8* aq, const float* ad,           \
                                     const float* as, const int* abs, float* y,              \
                                     const float* bias, int n, int kb, int k,                \
-                                    const int* ids, int div) {                              \
-        const size_t p = blockIdx.x, r = p / div;                                           \
+                                    const int* chunks) {                                    \
+        const int* c = chunks + 3 * blockIdx.x;                                             \
+        if (c[2] == 0) return;                                                              \
+        const size_t r = c[1];                                                              \
         const Args a = {qs, d, m, aux, aq + r * k, ad + r * kb, as + r * kb,                \
-                        abs + r * (k / 16), y + p * n, n, kb, 1, bias};                     \
-        gemv_at<T>(a, blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5), ids[p] * n);     \
+                        abs + r * (k / 16), y + r * n, n, kb, c[2], bias};                  \
+        gemv_at<T>(a, blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5), c[0] * n);      \
     }
 
 GEMV_ID(gemv_id_q4_0, 0)

@@ -53,16 +53,55 @@ extern "C" __global__ void moe_route(const float* __restrict__ x, const float* _
     for (int s = 0; s < used; s++) wt[s] = __fdiv_rn(p[id[s]], tot);
 }
 
-// y[t][i] = sum over slots s, in order, of weights[t][s] * out[t * used + s][i], each
+// The (token, slot) pairs sorted by expert, for the grouped GEMV (`gemv_id.cu`): one
+// thread, pairs in order within an expert. pos[p]: pair p's row in the sorted order;
+// sorted[i]: the pair at row i; chunks: [expert, first row, rows <= 8] per chunk, every
+// slot past the last chunk zeroed (`max_chunks` slots).
+extern "C" __global__ void moe_sort(const int* __restrict__ ids, int pairs, int experts, int max_chunks,
+                                    int* __restrict__ pos, int* __restrict__ sorted, int* __restrict__ chunks) {
+    __shared__ int start[MOE_MAX_EXPERTS + 1];
+    if (threadIdx.x != 0) return;
+    for (int e = 0; e <= experts; e++) start[e] = 0;
+    for (int p = 0; p < pairs; p++) start[ids[p] + 1]++;
+    for (int e = 0; e < experts; e++) start[e + 1] += start[e];
+    int c = 0;
+    for (int e = 0; e < experts; e++) {
+        for (int r = start[e]; r < start[e + 1]; r += 8) {
+            chunks[3 * c] = e;
+            chunks[3 * c + 1] = r;
+            chunks[3 * c + 2] = min(8, start[e + 1] - r);
+            c++;
+        }
+    }
+    for (; c < max_chunks; c++) chunks[3 * c] = chunks[3 * c + 1] = chunks[3 * c + 2] = 0;
+    for (int p = 0; p < pairs; p++) {
+        const int at = start[ids[p]]++;
+        pos[p] = at;
+        sorted[at] = p;
+    }
+}
+
+// xs[i] = x[sorted[i] / used]: each sorted pair's token row.
+extern "C" __global__ void moe_gather(const float* __restrict__ x, const int* __restrict__ sorted, int pairs,
+                                      int used, int hidden, float* __restrict__ xs) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)pairs * hidden) return;
+    const size_t row = i / hidden, c = i % hidden;
+    xs[i] = x[(size_t)(sorted[row] / used) * hidden + c];
+}
+
+// y[t][i] = sum over slots s, in order, of weights[t][s] * out[pos[t * used + s]][i], each
 // product rounded before its add (the CPU's order).
-extern "C" __global__ void moe_sum(const float* __restrict__ out, const float* __restrict__ weights, int tokens,
-                                   int used, int hidden, float* __restrict__ y) {
+extern "C" __global__ void moe_sum(const float* __restrict__ out, const int* __restrict__ pos,
+                                   const float* __restrict__ weights, int tokens, int used, int hidden,
+                                   float* __restrict__ y) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)tokens * hidden) return;
     const size_t t = i / hidden, c = i % hidden;
     float acc = 0.0f;
     for (int s = 0; s < used; s++) {
-        const float v = __fmul_rn(weights[t * used + s], out[(t * used + s) * hidden + c]);
+        const size_t p = t * used + s;
+        const float v = __fmul_rn(weights[p], out[(size_t)pos[p] * hidden + c]);
         acc = s == 0 ? v : __fadd_rn(acc, v);
     }
     y[i] = acc;
