@@ -117,8 +117,19 @@ mod imp {
         }
     }
 
+    /// The sums of the eight i32 lanes of each of `a`, `b`, `c` and `d`, as lanes 0..4
+    /// (exact, as `hsum_pair`).
+    #[inline(always)]
+    unsafe fn hsum4(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
+        unsafe {
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+            _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+        }
+    }
+
     pub(super) fn q4_k<const N: usize>(w: &[BlockQ4K], a: [&[ActQ8K]; N]) -> [f32; N] {
         let (mut acc, mut acc_min) = ([0.0f32; N], [0.0f32; N]);
+        let (mut acc4, mut acc_min4) = unsafe { (_mm_setzero_ps(), _mm_setzero_ps()) };
         for (b, wb) in w[..blocks(w, &a)].iter().enumerate() {
             prefetch(wb);
             let mut lanes = [unsafe { _mm256_setzero_si256() }; N];
@@ -139,12 +150,31 @@ mod imp {
                     _mm_loadl_epi64(wb.mins.as_ptr().cast()),
                 ))
             };
+            if N == 4 {
+                // Four rows at once: the same sums (exact) and the same float steps, lane
+                // by lane, as the per-row tail below.
+                unsafe {
+                    let m: [__m256i; 4] = std::array::from_fn(|r| _mm256_madd_epi16(bsums16(&a[r][b].bsums), mins));
+                    let isum = hsum4(lanes[0], lanes[1], lanes[2], lanes[3]);
+                    let imin = hsum4(m[0], m[1], m[2], m[3]);
+                    let ad = _mm_set_ps(a[3][b].d, a[2][b].d, a[1][b].d, a[0][b].d);
+                    let (d, dmin) = (_mm_mul_ps(_mm_set1_ps(wb.d), ad), _mm_mul_ps(_mm_set1_ps(wb.dmin), ad));
+                    acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), d, acc4);
+                    acc_min4 = _mm_fmadd_ps(_mm_cvtepi32_ps(imin), dmin, acc_min4);
+                }
+                continue;
+            }
             for r in 0..N {
                 let ab = &a[r][b];
                 let (isum, imin) = unsafe { hsum_pair(lanes[r], _mm256_madd_epi16(bsums16(&ab.bsums), mins)) };
                 acc[r] = (isum as f32).mul_add(wb.d * ab.d, acc[r]);
                 acc_min[r] = (imin as f32).mul_add(wb.dmin * ab.d, acc_min[r]);
             }
+        }
+        if N == 4 {
+            let mut out = [0.0f32; 4];
+            unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc4, acc_min4)) };
+            return std::array::from_fn(|r| out[r]);
         }
         std::array::from_fn(|r| acc[r] - acc_min[r])
     }
