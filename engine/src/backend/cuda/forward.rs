@@ -184,7 +184,7 @@ impl Backend for CudaBackend {
     fn experts(&self, _: &Gguf, layer: usize, _: usize, _: MoeConfig) -> Result<Self::Experts> {
         Err(Error::Tensor {
             name: format!("blk.{layer}.ffn_gate_exps.weight"),
-            reason: "a mixture of experts (qwen3moe) has no CUDA path yet: run it with --device cpu".into(),
+            reason: "a mixture of experts (qwen3moe, gpt-oss) has no CUDA path yet: run it with --device cpu".into(),
         })
     }
 

@@ -34,7 +34,7 @@ use super::parallel_chunks;
 use crate::kv::{BLOCK_TOKENS, SeqCache};
 
 #[derive(Clone, Copy, Debug)]
-pub struct AttnSpec {
+pub struct AttnSpec<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -42,6 +42,11 @@ pub struct AttnSpec {
     pub scale: f32,
     /// Attend only to the last `window` positions (including the query's own).
     pub window: Option<usize>,
+    /// A learned logit per query head (gpt-oss's `attn_sinks`) that takes part in every
+    /// softmax's maximum and denominator and weighs no value, as ggml's `soft_max` with
+    /// sinks: the maximum of the scores and the sink, then `expf(sink - max)` (libm)
+    /// added to the f64 sum after the scores' chunks.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Attention for queries at positions `pos0..pos0+T` (`q` is `[T][n_heads][head_dim]`),
@@ -231,7 +236,7 @@ fn attend_one(
         max = max.max(s);
         scores.push(s);
     }
-    let inv = softmax_in_place(&mut scores, lo, max);
+    let inv = softmax_in_place(&mut scores, lo, max, spec.sinks.map(|s| s[head]));
 
     // Weighted sum of V with f16 probabilities, per output dim in ggml's lane order.
     round_probs(&mut scores, inv);
@@ -242,7 +247,8 @@ fn attend_one(
 
 /// Scaled scores of positions `lo..` to `exp(s - max)` in place; returns 1 / their sum,
 /// the sum being the f64 sum of 16-lane chunk sums, chunks aligned to absolute position 0.
-fn softmax_in_place(scores: &mut [f32], lo: usize, max: f32) -> f32 {
+fn softmax_in_place(scores: &mut [f32], lo: usize, max: f32, sink: Option<f32>) -> f32 {
+    let max = sink.map_or(max, |s| sink_max(max, s));
     expf_shifted(scores, max);
     let mut sum = 0.0f64;
     // Whole chunks at a time (not element by element with a test on each); the partial
@@ -264,7 +270,15 @@ fn softmax_in_place(scores: &mut [f32], lo: usize, max: f32) -> f32 {
         }
         j = end;
     }
+    if let Some(s) = sink {
+        sum += f64::from((s - max).exp());
+    }
     (1.0 / sum) as f32
+}
+
+/// ggml's `MAX(max, sink)` of a row's score maximum and its head's sink.
+fn sink_max(max: f32, sink: f32) -> f32 {
+    if max > sink { max } else { sink }
 }
 
 #[cfg(test)]
@@ -311,7 +325,7 @@ mod tests {
         let r16 = |x: &f32| f16::from_f32(*x).to_f32();
         for window in [None, Some(20usize)] {
             for t_len in [1, 3] {
-                let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.1, window };
+                let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.1, window, sinks: None };
                 let pos0 = n - t_len;
                 let q: Vec<f32> = (0..t_len * n_heads * hd).map(|i| f(i + 101)).collect();
                 let out = attention(&cache, 0, pos0, &q, &spec);
@@ -343,7 +357,7 @@ mod tests {
             let xs: Vec<f32> = (0..n).map(|i| ((i * 7919 % 101) as f32 - 50.0) / 7.0).collect();
             let max = xs.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let mut got = xs.clone();
-            let inv = softmax_in_place(&mut got, lo, max);
+            let inv = softmax_in_place(&mut got, lo, max, None);
             let mut e = xs.clone();
             expf_shifted(&mut e, max);
             assert_eq!(got, e);
@@ -377,7 +391,7 @@ mod tests {
         let (cache, _, _) = filled_cache(n, n_kv * hd, f, 29);
         for &order in orders {
             for window in [None, Some(37usize)] {
-                let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window };
+                let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window, sinks: None };
                 let (pos0, t_len) = (n - 43, 43);
                 let q: Vec<f32> = (0..t_len * n_heads * hd).map(|i| f(i + 7)).collect();
                 let got = tiled(&cache, 0, pos0, &q, &spec, order, 0);
@@ -411,7 +425,7 @@ mod tests {
             .map(|(s, c)| (0..c.2 * n_heads * hd).map(|i| ((i * 31 + s) % 97) as f32 / 50.0 - 1.0).collect())
             .collect();
         for window in [None, Some(20usize)] {
-            let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window };
+            let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window, sinks: None };
             let parts: Vec<(&SeqCache, usize, &[f32])> =
                 caches.iter().zip(&qs).map(|(c, q)| (&c.0, c.1, q.as_slice())).collect();
             let got = grouped(&parts, 0, &spec);
@@ -442,7 +456,7 @@ mod speed {
         let k: Vec<f32> = (0..n * n_kv * hd).map(f).collect();
         let v: Vec<f32> = (0..n * n_kv * hd).map(|i| f(i + 3)).collect();
         cache.write(0, 0, &k, &v);
-        let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window: None };
+        let spec = AttnSpec { n_heads, n_kv_heads: n_kv, head_dim: hd, scale: 0.125, window: None, sinks: None };
         let q: Vec<f32> = (0..hd).map(|i| f(i + 11)).collect();
         let mut out = vec![0.0f32; hd];
         let reps = 200;

@@ -69,7 +69,7 @@ fn file() -> Gguf {
 #[test]
 fn each_row_is_its_own_routes_weighted_sum_and_only_chosen_experts_are_read() {
     let g = file();
-    let m = MoeConfig { experts: E, used: 2, width: W };
+    let m = MoeConfig { experts: E, used: 2, width: W, kind: crate::config::MoeKind::Qwen3 };
     let experts = Experts::load(&g, 0, H, m).unwrap();
     let read = |x: &Experts| x.loaded.iter().filter(|l| l.get().is_some()).count();
     assert_eq!(read(&experts), 1, "the first expert only, at load");
