@@ -1,8 +1,9 @@
-//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3) against llama.cpp, on the noise
-//! models `scripts/models/make-gguf` writes (tiny shapes, the families' real vocabularies):
-//! corral's CPU greedy tokens with the default batch-invariant numerics must equal
-//! llama.cpp's serial path (`llama-server -ub 1`, fixtures from
-//! `scripts/models/oracle/serial`), and a batched greedy decode must equal them too.
+//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3) and
+//! gpt-oss (issue 34) against llama.cpp, on the noise models `scripts/models/make-gguf`
+//! writes (tiny shapes, the families' real vocabularies): corral's CPU greedy tokens with
+//! the default batch-invariant numerics must equal llama.cpp's serial path
+//! (`llama-server -ub 1`, fixtures from `scripts/models/oracle/serial`), and a batched
+//! greedy decode must equal them too.
 //! (Decoded on llama.cpp's tokens: where all agree, that is the free-running decode.)
 //!
 //! The GGUFs are generated, not committed: `<preset>-<type>.gguf` in
