@@ -30,11 +30,16 @@ pub enum Arch {
     /// in one `ffn_up`, NeoX pairs, LongRoPE's frequency factors (`rope_factors_long` or
     /// `_short` by the served context), queries scaled by 1/√head_dim before attention.
     Phi3,
+    /// gpt-oss (20b, 120b): Q/K/V and output biases, a learned sink logit per head in every
+    /// softmax, sliding-window layers alternating with full ones (even layers slide), YaRN,
+    /// and a mixture of MXFP4 experts with biases, top-k-then-softmax routing and
+    /// SwiGLU-OAI (`MoeKind::GptOss`).
+    GptOss,
 }
 
 impl Arch {
-    pub(crate) const ALL: [Arch; 7] =
-        [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3];
+    pub(crate) const ALL: [Arch; 8] =
+        [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3, Arch::GptOss];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
     /// (`corral_protocol::ARCHITECTURES` lists the same names).
@@ -51,6 +56,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Mistral3 => "mistral3",
             Arch::Phi3 => "phi3",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -59,7 +65,7 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
-            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 => RopeStyle::Neox,
+            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::GptOss => RopeStyle::Neox,
         }
     }
 }
@@ -92,7 +98,7 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Per layer: does it attend only to the last `sliding_window` positions?
     pub is_swa: Vec<bool>,
-    /// The mixture of experts in every layer (qwen3moe); `None` for a dense MLP.
+    /// The mixture of experts in every layer (qwen3moe, gpt-oss); `None` for a dense MLP.
     pub moe: Option<MoeConfig>,
 }
 
@@ -103,6 +109,19 @@ pub struct MoeConfig {
     pub experts: usize,
     pub used: usize,
     pub width: usize,
+    pub kind: MoeKind,
+}
+
+/// How a family's router weighs its experts and what each expert computes (llama.cpp's
+/// gating function and FFN op in `build_moe_ffn`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoeKind {
+    /// qwen3moe: softmax over every expert, the top `used`, their probabilities
+    /// renormalized; SwiGLU experts without biases.
+    Qwen3,
+    /// gpt-oss: the router's logits plus its bias, the top `used` of them, a softmax over
+    /// those alone; every expert matrix has a bias, and the activation is SwiGLU-OAI.
+    GptOss,
 }
 
 impl ModelConfig {
@@ -117,18 +136,22 @@ impl ModelConfig {
         let head_dim = g.opt_u32(&k("attention.key_length")).map_or_else(|| hidden / n_heads.max(1), |v| v as usize);
         let vocab = g.dims("token_embd.weight")?.first().copied().unwrap_or(0);
         let sliding_window = match arch {
-            Arch::Gemma3 => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
+            Arch::Gemma3 | Arch::GptOss => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
             // llama.cpp turns phi3's sliding window off (its files' windows are not
             // trustworthy, llama.cpp PR 13676): every layer attends to the whole context.
             Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Mistral3 | Arch::Phi3 => None,
         };
-        // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6),
-        // unless the file states the pattern per layer.
+        // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6);
+        // gpt-oss: one of each, the first sliding (pattern 2); unless the file states the
+        // pattern per layer.
+        let pattern = if arch == Arch::Gemma3 { 6 } else { 2 };
         let is_swa = match (arch, sliding_window) {
-            (Arch::Gemma3, Some(w)) if w > 0 => match g.i32_array(&k("attention.sliding_window_pattern")) {
-                Ok(v) if v.len() == n_layers => v.iter().map(|&x| x != 0).collect(),
-                _ => (0..n_layers).map(|il| il % 6 < 5).collect(),
-            },
+            (Arch::Gemma3 | Arch::GptOss, Some(w)) if w > 0 => {
+                match g.i32_array(&k("attention.sliding_window_pattern")) {
+                    Ok(v) if v.len() == n_layers => v.iter().map(|&x| x != 0).collect(),
+                    _ => (0..n_layers).map(|il| il % pattern < pattern - 1).collect(),
+                }
+            }
             _ => vec![false; n_layers],
         };
         // Every architecture here rotates whole heads (llama.cpp rejects a llama file whose
@@ -143,9 +166,14 @@ impl ModelConfig {
         }
         let ctx_train = g.opt_u32(&k("context_length")).unwrap_or(2048) as usize;
         let moe = match arch {
-            Arch::Qwen3Moe => Some(moe_config(g, arch_name)?),
+            Arch::Qwen3Moe => Some(moe_config(g, arch_name, MoeKind::Qwen3)?),
+            Arch::GptOss => Some(moe_config(g, arch_name, MoeKind::GptOss)?),
             _ => None,
         };
+        let rope_base = g.opt_f32(&k("rope.freq_base")).unwrap_or(10_000.0);
+        // gpt-oss's sliding-window layers rotate as its full ones unless the file says
+        // otherwise (llama.cpp's `rope_freq_base_train_swa`).
+        let base_local = if arch == Arch::GptOss { rope_base } else { 10_000.0 };
         // A mixture of experts' file may leave the dense width out (llama.cpp reads it as 0).
         let ffn = match moe {
             Some(m) => g.opt_u32(&k("feed_forward_length")).map_or(m.width, |v| v as usize),
@@ -162,10 +190,10 @@ impl ModelConfig {
             vocab,
             ctx_train,
             rms_eps: g.f32(&k("attention.layer_norm_rms_epsilon"))?,
-            rope_base: g.opt_f32(&k("rope.freq_base")).unwrap_or(10_000.0),
+            rope_base,
             rope_scaling: rope_scaling(g, arch, ctx_train)?,
             attn_temperature: attn_temperature(g, arch, ctx_train)?,
-            rope_base_local: g.opt_f32(&k("rope.freq_base_swa")).unwrap_or(10_000.0),
+            rope_base_local: g.opt_f32(&k("rope.freq_base_swa")).unwrap_or(base_local),
             sliding_window: sliding_window.filter(|&w| w > 0),
             is_swa,
             moe,
@@ -177,11 +205,13 @@ impl ModelConfig {
     /// Why `--device auto` keeps this model on the CPU: its family's CUDA path (Q/K/V
     /// biases, head norms, fused weights, scaled rotary tables, the attention temperature)
     /// has op and whole-model tests against the CPU that have not run on a GPU yet. An
-    /// explicit `--device cuda:N` runs it on the GPU.
+    /// explicit `--device cuda:N` runs it on the GPU — except gpt-oss, whose experts,
+    /// sinks and MXFP4 have no CUDA path (`cuda:N` refuses it at load).
     /// `rope_freqs`: whether the file has Llama 3.1's frequency factors.
     pub fn gpu_unproven(&self, rope_freqs: bool) -> Option<String> {
         let scaled = rope_freqs || self.rope_scaling != RopeScaling::NONE || self.attn_temperature.is_some();
         match self.arch {
+            Arch::GptOss => Some("gpt-oss has no CUDA path yet (experts, sinks, MXFP4)".into()),
             Arch::Llama | Arch::Gemma3 if !scaled => None,
             a => Some(format!("{}'s CUDA path is not yet verified on a GPU", a.name())),
         }
@@ -214,9 +244,9 @@ impl ModelConfig {
     }
 }
 
-/// qwen3moe's experts as llama.cpp reads them: `expert_count` and `expert_used_count`
+/// A mixture of experts as llama.cpp reads it: `expert_count` and `expert_used_count`
 /// (both required), `expert_feed_forward_length` (else the dense width / experts used).
-fn moe_config(g: &Gguf, name: &str) -> Result<MoeConfig> {
+fn moe_config(g: &Gguf, name: &str, kind: MoeKind) -> Result<MoeConfig> {
     let k = |suffix: &str| format!("{name}.{suffix}");
     let experts = g.u32(&k("expert_count"))? as usize;
     let used = g.u32(&k("expert_used_count"))? as usize;
@@ -227,7 +257,7 @@ fn moe_config(g: &Gguf, name: &str) -> Result<MoeConfig> {
     if experts == 0 || used == 0 || used > experts || width == 0 {
         return Err(Error::Metadata { key: k("expert_count / expert_used_count / expert_feed_forward_length") });
     }
-    Ok(MoeConfig { experts, used, width })
+    Ok(MoeConfig { experts, used, width, kind })
 }
 
 /// llama.cpp's rotary scaling from `{arch}.rope.scaling.*`, as its context derives it
@@ -347,7 +377,7 @@ mod tests {
         assert!(cfg(Arch::Llama, none, None).gpu_unproven(true).is_some(), "Llama 3.1's rope_freqs");
         let yarn = RopeScaling { freq_scale: 0.25, ext_factor: 1.0, ..none };
         assert!(cfg(Arch::Llama, yarn, None).gpu_unproven(false).is_some());
-        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3] {
+        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3, Arch::GptOss] {
             assert!(cfg(a, none, None).gpu_unproven(false).is_some(), "{a:?}");
         }
         let t = AttnTemperature { scale: 0.1, floor: 16 };

@@ -5,7 +5,7 @@
 //! every tensor's byte range is checked against the real file size, so a truncated
 //! download is a typed error, never a short read or a SIGBUS while serving. Tensor bytes
 //! are copied out of the map into candle-owned storage; the map is dropped after load.
-//! Tensors of the two IQ4 types, which candle's reader does not know, are found by a
+//! Tensors of the types candle's reader does not know (the IQ4s, MXFP4) are found by a
 //! scan of the header first and handed to it as Q4_0; their real type (`Stored`) and
 //! byte ranges are kept here, and only our own kernels read them.
 

@@ -1,5 +1,5 @@
-//! Tensor types candle's GGUF reader does not know (IQ4_NL, IQ4_XS): what they are,
-//! and the header scan that finds them before that reader runs.
+//! Tensor types candle's GGUF reader does not know (IQ4_NL, IQ4_XS, MXFP4): what they
+//! are, and the header scan that finds them before that reader runs.
 
 use std::collections::HashMap;
 
@@ -7,13 +7,15 @@ use candle_core::quantized::GgmlDType;
 
 use super::Walk;
 
-/// How a tensor is stored: a GGML type candle reads, or an IQ4 type only the CPU's own
-/// kernels read (`kernels::quant`).
+/// How a tensor is stored: a GGML type candle reads, or a type only the CPU's own
+/// kernels read (`kernels::quant`): the IQ4s, and MXFP4 (gpt-oss's experts: 32 values
+/// of a 4-bit E2M1 table under one E8M0 power-of-two scale, 17 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stored {
     Ggml(GgmlDType),
     Iq4Nl,
     Iq4Xs,
+    Mxfp4,
 }
 
 impl Stored {
@@ -22,6 +24,7 @@ impl Stored {
         match id {
             20 => Some(Self::Iq4Nl),
             23 => Some(Self::Iq4Xs),
+            39 => Some(Self::Mxfp4),
             _ => None,
         }
     }
@@ -31,6 +34,7 @@ impl Stored {
             Self::Ggml(d) => d.block_size(),
             Self::Iq4Nl => 32,
             Self::Iq4Xs => 256,
+            Self::Mxfp4 => 32,
         }
     }
 
@@ -39,11 +43,12 @@ impl Stored {
             Self::Ggml(d) => d.type_size(),
             Self::Iq4Nl => 18,
             Self::Iq4Xs => 136,
+            Self::Mxfp4 => 17,
         }
     }
 }
 
-/// The tensors of an IQ4 type, with a copy of the header (through the tensor infos) that
+/// The tensors of a type candle does not know, with a copy of the header (through the tensor infos) that
 /// names Q4_0 in their place for candle's reader; `None` when the file has none (or
 /// the header is malformed: candle's reader then names the problem).
 pub(super) fn own_types(bytes: &[u8]) -> Option<(Vec<u8>, HashMap<String, Stored>)> {

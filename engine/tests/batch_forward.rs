@@ -2,8 +2,9 @@
 //! some decoding, in one pass. Every row's logits must be bit-identical to the same
 //! tokens run alone on the same cache (the property batching stands on), on both
 //! models, and a batched greedy decode must produce each row's serial tokens. The same
-//! for make-gguf's tiny qwen3moe (a mixture of experts: rows of a pass share experts, and
-//! a row's result must not depend on which), when it has been generated.
+//! for make-gguf's tiny qwen3moe and gpt-oss (mixtures of experts: rows of a pass share
+//! experts, and a row's result must not depend on which; gpt-oss's rows also cross its
+//! sliding window at different positions), when they have been generated.
 
 mod common;
 
@@ -79,21 +80,21 @@ fn gemma3_mixed_batch_rows_equal_their_solo_runs() {
     mixed_rows_equal_their_solo_runs(GEMMA, "oracle-gemma3.json");
 }
 
-/// make-gguf's tiny qwen3moe at `kind` (`<generated dir>/qwen3moe-<kind>.gguf`) and the
+/// make-gguf's tiny `preset` at `kind` (`<generated dir>/<preset>-<kind>.gguf`) and the
 /// prompts of its serial fixture; `None` when not generated (unless
 /// `CORRAL_REQUIRE_GENERATED=1`).
-fn qwen3moe(kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
+fn generated(preset: &str, kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
     let dir = match std::env::var_os("CORRAL_GENERATED_DIR") {
         Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
         _ => models_dir().join("generated"),
     };
-    let path = dir.join(format!("qwen3moe-{kind}.gguf"));
+    let path = dir.join(format!("{preset}-{kind}.gguf"));
     if !path.is_file() {
         assert!(std::env::var("CORRAL_REQUIRE_GENERATED").as_deref() != Ok("1"), "{} is missing", path.display());
         eprintln!("skipped: {} is missing (scripts/models/make-gguf)", path.display());
         return None;
     }
-    let f = fixture(&format!("serial-qwen3moe-{kind}.json"));
+    let f = fixture(&format!("serial-{preset}-{kind}.json"));
     let prompts = f["cases"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).collect();
     Some((Model::load(&Gguf::open(&path).unwrap()).unwrap(), prompts))
 }
@@ -102,9 +103,16 @@ fn qwen3moe(kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
 fn qwen3moe_mixed_batch_rows_equal_their_solo_runs() {
     // The types CI makes before this test runs (its q4_k_m waits for llama-quantize).
     for kind in ["q8_0", "q4_0"] {
-        if let Some((model, p)) = qwen3moe(kind) {
+        if let Some((model, p)) = generated("qwen3moe", kind) {
             mixed_rows_of(&model, &format!("qwen3moe-{kind}"), &p);
         }
+    }
+}
+
+#[test]
+fn gpt_oss_mixed_batch_rows_equal_their_solo_runs() {
+    if let Some((model, p)) = generated("gpt-oss", "q8_0") {
+        mixed_rows_of(&model, "gpt-oss-q8_0", &p);
     }
 }
 

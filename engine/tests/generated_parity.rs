@@ -1,8 +1,10 @@
-//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3) against llama.cpp, on the noise
-//! models `scripts/models/make-gguf` writes (tiny shapes, the families' real vocabularies):
-//! corral's CPU greedy tokens with the default batch-invariant numerics must equal
-//! llama.cpp's serial path (`llama-server -ub 1`, fixtures from
-//! `scripts/models/oracle/serial`), and a batched greedy decode must equal them too.
+//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3) and
+//! gpt-oss (issue 34) against llama.cpp, on the noise models `scripts/models/make-gguf`
+//! writes (tiny shapes, the families' real vocabularies): corral's CPU greedy tokens with
+//! the default batch-invariant numerics must equal llama.cpp's serial path
+//! (`llama-server -ub 1`, fixtures from `scripts/models/oracle/serial`), and a batched
+//! greedy decode must equal them too.
+//! (Decoded on llama.cpp's tokens: where all agree, that is the free-running decode.)
 //!
 //! The GGUFs are generated, not committed: `<preset>-<type>.gguf` in
 //! `$CORRAL_GENERATED_DIR` (default `<models dir>/generated`), written by
@@ -97,7 +99,7 @@ fn cases(preset: &str, kind: &str) -> Vec<Case> {
 /// until its fixtures are captured on an AVX-512 host.
 fn margin_noise(preset: &str, kind: &str) -> f64 {
     match kind {
-        "q8_0" if preset == "qwen3moe" => 0.01,
+        "q8_0" if preset == "qwen3moe" || preset == "gpt-oss" => 0.01,
         "q4_0" => 0.05,
         "f16" | "bf16" => 5e-3,
         k if QUANTIZED.contains(&k) => 0.01,
@@ -105,17 +107,23 @@ fn margin_noise(preset: &str, kind: &str) -> f64 {
     }
 }
 
-/// Greedy tokens after `prompt`, as many as `n`, one sequence alone, with the top-2
-/// logit margin at each step.
-fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f64>) {
+/// The fixtures captured on an AVX2-only host (see `margin_noise`), whose lane orders move
+/// llama.cpp's margins by up to a few 1e-3 from the AVX-512 arithmetic corral reproduces.
+fn avx2_fixture(preset: &str) -> bool {
+    matches!(preset, "qwen3moe" | "gpt-oss")
+}
+
+/// Our argmax and top-2 logit margin at each of llama.cpp's steps after `prompt`, one
+/// sequence alone, fed llama.cpp's own tokens (where every token agrees, exactly the
+/// greedy decode; where one does not, the steps after it still compare like with like).
+fn forced(model: &Model, prompt: &[u32], tokens: &[u32]) -> (Vec<u32>, Vec<f64>) {
     let mut cache = model.new_cache();
     let mut logits = model.forward(prompt, &mut cache, Logits::Last).unwrap();
-    let (mut out, mut margins) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    while out.len() < n {
-        let t = argmax(&logits);
-        out.push(t);
+    let (mut out, mut margins) = (Vec::with_capacity(tokens.len()), Vec::with_capacity(tokens.len()));
+    for (i, &t) in tokens.iter().enumerate() {
+        out.push(argmax(&logits));
         margins.push(margin(&logits));
-        if out.len() < n {
+        if i + 1 < tokens.len() {
             logits = model.forward(&[t], &mut cache, Logits::Last).unwrap();
         }
     }
@@ -123,14 +131,20 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f64>) {
 }
 
 /// Every case's greedy tokens equal llama.cpp's serial run, and decoding all the cases
-/// in one batch gives the same tokens again.
+/// in one batch gives each case's tokens alone again. Against an AVX2 fixture a token
+/// llama.cpp itself picked by a top-2 margin within the type's drift (`margin_noise`) is
+/// a near-tie that drift may flip: it may differ (and is reported), the run going on with
+/// llama.cpp's token.
 fn serial_and_batched_equal_llama_cpp(preset: &str, kind: &str) {
     let Some(model) = load(preset, kind) else { return };
     let all = cases(preset, kind);
     assert!(all.len() >= 4 && all.iter().all(|c| !c.tokens.is_empty()));
+    let noise = margin_noise(preset, kind);
+    let tie = if avx2_fixture(preset) { noise } else { 0.0 };
     let mut failures = Vec::new();
+    let mut alone = Vec::with_capacity(all.len());
     for c in &all {
-        let (ours, margins) = greedy(&model, &c.prompt, c.tokens.len());
+        let (ours, margins) = forced(&model, &c.prompt, &c.tokens);
         // Equal tokens could hide a difference too small to flip an argmax (a factor
         // not applied, say): the margins, llama.cpp's from its log-probabilities, agree
         // to float noise as well (where llama-server gave one: null, read as infinite,
@@ -141,25 +155,31 @@ fn serial_and_batched_equal_llama_cpp(preset: &str, kind: &str) {
             .map(|(a, b)| if b.is_finite() { (a - b).abs() } else { 0.0 })
             .enumerate()
             .fold((0, 0.0), |best, (i, d)| if d > best.1 { (i, d) } else { best });
-        match ours.iter().zip(&c.tokens).position(|(a, b)| a != b) {
-            None if drift > margin_noise(preset, kind) => failures.push(format!(
+        let differ: Vec<usize> = (0..ours.len()).filter(|&i| ours[i] != c.tokens[i]).collect();
+        let ties: Vec<String> =
+            differ.iter().map(|&i| format!("token {i}, llama.cpp's margin {:.1e}", c.margins[i])).collect();
+        match differ.iter().find(|&&i| c.margins[i] > tie) {
+            None if drift > noise => failures.push(format!(
                 "{preset}-{kind} {}: the tokens match but the top-2 margin at token {at} is {} where llama.cpp's is {}",
                 c.name, margins[at], c.margins[at]
             )),
             None => eprintln!(
-                "{preset}-{kind} {}: {} greedy tokens match llama.cpp's serial run (margins within {drift:.1e})",
+                "{preset}-{kind} {}: {} greedy tokens match llama.cpp's serial run (margins within {drift:.1e}){}",
                 c.name,
-                ours.len()
+                ours.len() - differ.len(),
+                if ties.is_empty() { String::new() } else { format!("; near-ties flipped: {}", ties.join("; ")) }
             ),
-            Some(i) => failures.push(format!(
+            Some(&i) => failures.push(format!(
                 "{preset}-{kind} {}: token {i} is {} where llama.cpp's serial run has {} (its top-2 margin there {})",
                 c.name, ours[i], c.tokens[i], c.margins[i]
             )),
         }
+        alone.push(ours);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 
-    // Batched: every case prefilled and decoded together, one pass per step.
+    // Batched: every case prefilled and decoded together, one pass per step, on the same
+    // tokens as alone: each row's argmaxes are its own alone.
     let mut caches: Vec<_> = all.iter().map(|_| model.new_cache()).collect();
     let mut rows: Vec<Row<'_>> = all
         .iter()
@@ -170,13 +190,13 @@ fn serial_and_batched_equal_llama_cpp(preset: &str, kind: &str) {
     drop(rows);
     let steps = all.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); all.len()];
-    for _ in 0..steps {
-        let next: Vec<[u32; 1]> = logits.iter().map(|l| [argmax(l)]).collect();
-        for ((g, n), c) in got.iter_mut().zip(&next).zip(&all) {
+    for step in 0..steps {
+        for ((g, l), c) in got.iter_mut().zip(&logits).zip(&all) {
             if g.len() < c.tokens.len() {
-                g.push(n[0]);
+                g.push(argmax(l));
             }
         }
+        let next: Vec<[u32; 1]> = all.iter().map(|c| [c.tokens[step.min(c.tokens.len() - 1)]]).collect();
         let mut rows: Vec<Row<'_>> = next
             .iter()
             .zip(caches.iter_mut())
@@ -184,8 +204,8 @@ fn serial_and_batched_equal_llama_cpp(preset: &str, kind: &str) {
             .collect();
         logits = model.forward_batch(&mut rows).unwrap();
     }
-    for (g, c) in got.iter().zip(&all) {
-        assert_eq!(g, &c.tokens, "{preset}-{kind} {}: batched greedy differs from the serial tokens", c.name);
+    for ((g, a), c) in got.iter().zip(&alone).zip(&all) {
+        assert_eq!(g, a, "{preset}-{kind} {}: batched greedy differs from the same case alone", c.name);
     }
 }
 
@@ -230,6 +250,26 @@ fn qwen3moe_q4_0_equals_llama_cpp_serial() {
 #[test]
 fn qwen3moe_q8_0_equals_llama_cpp_serial() {
     serial_and_batched_equal_llama_cpp("qwen3moe", "q8_0");
+}
+
+// gpt-oss: Q/K/V and output biases, a sink logit per head, a sliding window of 16 on even
+// layers (every prompt but "hello" crosses it), YaRN 32, and 8 MXFP4 experts with biases of
+// which 4 are used (top-k logits, then their softmax; SwiGLU-OAI). Its fixture comes from
+// an AVX2-only host, as qwen3moe's: held to the same 0.01.
+
+#[test]
+fn gpt_oss_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("gpt-oss", "q8_0");
+}
+
+#[test]
+fn gpt_oss_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("gpt-oss", "q4_0");
+}
+
+#[test]
+fn gpt_oss_f16_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("gpt-oss", "f16");
 }
 
 // mistral3: YaRN with the file's β values and log multiplier, and the attention

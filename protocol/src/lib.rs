@@ -22,7 +22,7 @@ pub use error::{ApiError, ApiShape, ErrorKind, Rendered};
 
 /// The GGUF architectures (`general.architecture`) corral's engine runs: the one list the
 /// engine's loader, `/v1/models` cards, `corral fit` and `pull`'s preflight agree on.
-pub const ARCHITECTURES: [&str; 7] = ["llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "mistral3", "phi3"];
+pub const ARCHITECTURES: [&str; 8] = ["llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "mistral3", "phi3", "gpt-oss"];
 
 /// The built-in chat template the engine gives a file of `arch` that carries none, where
 /// the architecture alone decides it (the engine's `builtin_templates::choose`; a test

@@ -19,7 +19,12 @@ vocabulary (a llama.cpp vocab-only file, named by `vocab`):
              window llama.cpp ignores, phi-3;
   `qwen3moe` qwen3's attention and a mixture of experts in every layer: an f32 router
              (`ffn_gate_inp`), 16 experts of which 4 are used, experts 256 wide (so
-             llama-quantize's K-quants fit their rows), tied, qwen2.
+             llama-quantize's K-quants fit their rows), tied, qwen2;
+  `gpt-oss`  4 layers alternating a sliding window of 16 (even layers: the parity prompts
+             cross it) with full attention, 8 heads of 64, Q/K/V and output biases, a sink
+             logit per head, YaRN 32 over an original context of 4,096, 8 MXFP4 experts
+             (whatever --type says) of which 4 are used, 256 wide, with biases, an f32 router
+             with a bias, an output matrix, qwen2 (standing in for o200k_harmony).
 
 The same families at the shapes of the released models people download, `<family>-<size>`
 (values from each model's config.json; the weights are noise, so only shapes, rotary
@@ -37,10 +42,15 @@ settings and vocabulary matter):
                  oracle's 4,096 context takes the short factors), attn_factor 1.19;
   `qwen3moe-30b-a3b`  Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B, the same shapes): 48 layers,
                  head size 128, 128 experts of which 8 are used, experts 768 wide, an output
-                 matrix (30.5 B parameters, 3.3 B active per token).
+                 matrix (30.5 B parameters, 3.3 B active per token);
+  `gpt-oss-20b`  gpt-oss-20b: 24 layers, hidden 2,880, 64 heads of 64 over 8 K/V heads,
+                 sliding window 128 on even layers, rotary base 150,000 with YaRN 32 over
+                 4,096, 32 MXFP4 experts of which 4 are used, 2,880 wide, an output matrix,
+                 a vocabulary of 201,088 (20.9 B parameters; 4.2 B active per token as
+                 --list counts them, the embedding and output matrices included).
 
-`experts=(count, used, width)` makes a preset a mixture of experts (qwen3moe): `ffn` is then
-only the `feed_forward_length` written to the file.
+`experts=(count, used, width)` makes a preset a mixture of experts (qwen3moe, gpt-oss): `ffn`
+is then only the `feed_forward_length` written to the file.
 """
 
 PRESETS = {
@@ -65,6 +75,9 @@ PRESETS = {
                  ctx=131072, longrope=(2048, 1.19), window=64),
     "qwen3moe": dict(arch="qwen3moe", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512,
                      experts=(16, 4, 256), vocab="qwen2", rope=1e6, ctx=40960, tied=True),
+    "gpt-oss": dict(arch="gpt-oss", hidden=256, layers=4, heads=8, kv_heads=2, head_dim=64, ffn=256,
+                    experts=(8, 4, 256), vocab="qwen2", rope=150000.0, ctx=131072, window=16, bias=True,
+                    scaling=("yarn", 32.0, 4096)),
     "llama3-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab="llama-bpe",
                       rope=500000.0, ctx=131072, rope_freqs=(32.0, 1.0, 4.0, 8192), tied=True),
     "qwen2-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab="qwen2", rope=1e6,
@@ -80,6 +93,9 @@ PRESETS = {
                       rope=10000.0, ctx=131072, longrope=(4096, 1.19), window=262144),
     "qwen3moe-30b-a3b": dict(arch="qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
                              experts=(128, 8, 768), vocab="qwen2", rope=1e6, ctx=40960),
+    "gpt-oss-20b": dict(arch="gpt-oss", hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+                        experts=(32, 4, 2880), vocab=201088, rope=150000.0, ctx=131072, window=128, bias=True,
+                        scaling=("yarn", 32.0, 4096)),
 }
 
 # Token counts of the real vocabularies (for --list, which needs no vocab file).
@@ -94,6 +110,8 @@ def params(p):
     if "experts" in p:  # the router and every expert's gate, up and down
         E, _, FE = p["experts"]
         per_layer += H * E + 3 * H * FE * E - 3 * H * F
+    if p["arch"] == "gpt-oss":  # biases (Q, K, V, output, router, experts) and sinks
+        per_layer += NH * HD + 2 * NKV * HD + H + E + E * (2 * FE + H) + NH
     tied = p["arch"] == "gemma3" or p.get("tied", False)
     return V * H * (1 if tied else 2) + L * per_layer
 

@@ -84,6 +84,19 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     super::parallel_chunks(g, GATE_CHUNK, g.len() * 8, |i, g| silu_mul_serial(g, &u[i * GATE_CHUNK..]));
 }
 
+/// gpt-oss's SwiGLU-OAI as ggml's CPU op computes it (`swiglu_oai`, α 1.702, limit 7),
+/// element by element with libm's `expf`: the gate capped at 7, the up value clamped to
+/// ±7, `g = g / (1 + exp(α · -g)) * (u + 1)`.
+pub fn swiglu_oai(g: &mut [f32], u: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    for (g, &u) in g.iter_mut().zip(u) {
+        let x = if LIMIT < *g { LIMIT } else { *g };
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (ALPHA * -x).exp()) * (y + 1.0);
+    }
+}
+
 fn silu_mul_serial(g: &mut [f32], u: &[f32]) {
     let simd = g.len() & !15;
     // Two loops, not a choice per element: the compiler computed both `exp`s for every

@@ -78,6 +78,7 @@ impl<B: Backend> Architecture for Gemma3<B> {
             // Q is pre-scaled by 1/sqrt(head_dim) below, as llama.cpp does.
             scale: 1.0,
             window: if swa { c.sliding_window } else { None },
+            sinks: None,
         };
         let q_scale = 1.0 / (c.head_dim as f32).sqrt();
         let mut x = b.embed(&p, &self.ends.embed)?;

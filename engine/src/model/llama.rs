@@ -218,6 +218,7 @@ impl<B: Backend> Architecture for Llama<B> {
             head_dim: c.head_dim,
             scale: if c.arch == Arch::Phi3 { 1.0 } else { 1.0 / (c.head_dim as f32).sqrt() },
             window: None,
+            sinks: None,
         };
         let rope = Rotary { q_heads: c.n_heads, k_heads: c.n_kv_heads, table: 0, style: c.arch.rope_style() };
         let mut x = b.embed(&p, &self.ends.embed)?;

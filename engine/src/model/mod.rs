@@ -4,6 +4,7 @@
 //! of one.
 
 mod gemma3;
+mod gptoss;
 mod llama;
 
 use std::sync::Arc;
@@ -49,6 +50,7 @@ fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Arc
             Arc::new(llama::Llama::load(b, g, config)?)
         }
         Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),
+        Arch::GptOss => Arc::new(gptoss::GptOss::load(b, g, config)?),
     })
 }
 

@@ -58,6 +58,9 @@ impl Gpu {
         if hd > MAX_HEAD_DIM || !hd.is_multiple_of(8) || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
             return Err(cuda(format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
         }
+        if spec.sinks.is_some() {
+            return Err(cuda("attention sinks (gpt-oss) have no CUDA kernel yet".into()));
+        }
         if let Some(a) = &quant {
             let fits = plan.n_tiles == 0 && hd.is_multiple_of(32) && a.format.block() == 32;
             if !fits || a.format == ActFormat::Q8K || a.rows != plan.total || a.k != nh * hd {

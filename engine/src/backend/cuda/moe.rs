@@ -25,7 +25,7 @@ use super::ops::{ActFormat, DeviceAct, blocks_of, int, shape};
 use super::programs::{GEMV, MOE};
 use super::weights::{DeviceWeights, MatrixBytes};
 use crate::backend::Gate;
-use crate::config::MoeConfig;
+use crate::config::{MoeConfig, MoeKind};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 use candle_core::quantized::GgmlDType;
@@ -66,6 +66,10 @@ impl DeviceExperts {
     /// Layer `layer`'s router and experts, uploaded whole.
     pub fn load(gpu: &Gpu, g: &Gguf, layer: usize, hidden: usize, moe: MoeConfig) -> Result<Self> {
         let n = |s: &str| format!("blk.{layer}.{s}.weight");
+        if moe.kind != MoeKind::Qwen3 {
+            let reason = format!("{:?} experts have no CUDA path yet: run the model with --device cpu", moe.kind);
+            return Err(Error::Tensor { name: n("ffn_gate_exps"), reason });
+        }
         let name = n("ffn_gate_inp");
         let bad = |name: &str, reason: String| Error::Tensor { name: name.to_owned(), reason };
         let dims = g.dims(&name)?;
@@ -100,7 +104,7 @@ impl DeviceExperts {
 impl Gpu {
     /// The mixture of experts of the normed rows `x` (`[tokens][hidden]`).
     pub fn moe(&self, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
-        let (h, MoeConfig { experts, used, width }) = (e.hidden, e.moe);
+        let (h, MoeConfig { experts, used, width, .. }) = (e.hidden, e.moe);
         shape(x.len().is_multiple_of(h), || format!("x has {} values, rows of {h}", x.len()))?;
         let tokens = x.len() / h;
         let pairs = tokens * used;

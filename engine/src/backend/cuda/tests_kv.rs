@@ -36,7 +36,7 @@ fn cuda_attention_over_the_device_kv() {
     ];
     for (heads, kv_heads, hd, window) in shapes {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
-        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window };
+        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window, sinks: None };
         // (committed positions, new tokens) per sequence: decode rows and a prefill row.
         // Prefill rows take the tiled kernel: query tiles (32, or 16 at head_dim 256)
         // ending mid-tile, key tiles of 32 starting before the window. The decode row
@@ -81,7 +81,7 @@ fn cuda_attention_long_split_recomputes_scores() {
     let mut rng = rng("cuda_attention_long_split_recomputes_scores");
     let (heads, kv_heads, hd, n) = (2, 1, 64, 70_000);
     let shape = KvShape { n_layers: 1, kv_dim: kv_heads * hd };
-    let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
+    let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None, sinks: None };
     let mut c = filled(&mut rng, shape, n);
     let mut cpu = c.clone();
     let q = randn(&mut rng, heads * hd, 1.0);
@@ -102,7 +102,7 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
     let mut rng = rng("cuda_kv_mirror_follows_truncate_growth_and_clones");
     let (heads, hd) = (2, 64);
     let shape = KvShape { n_layers: 1, kv_dim: hd };
-    let spec = AttnSpec { n_heads: heads, n_kv_heads: 1, head_dim: hd, scale: 0.125, window: None };
+    let spec = AttnSpec { n_heads: heads, n_kv_heads: 1, head_dim: hd, scale: 0.125, window: None, sinks: None };
     let q = randn(&mut rng, heads * hd, 1.0);
     let attend_last = |c: &mut SeqCache| {
         // Re-attend the last committed position as a new token with its own K/V.
@@ -166,7 +166,8 @@ fn cuda_rope_kv_store_equals_rope_then_store() {
         [(9, 3, 64, RopeStyle::Interleaved), (8, 8, 128, RopeStyle::Neox), (4, 1, 256, RopeStyle::Interleaved)]
     {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
-        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
+        let spec =
+            AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None, sinks: None };
         let rope = RopeSpec { heads, head_dim: hd, base: 10000.0, style, scaled: None };
         let plan = [(0, 5), (70, 1), (1000, 40), (3000, 1)];
         let caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
@@ -207,7 +208,8 @@ fn cuda_attention_quantized_output_equals_quantize() {
     let mut rng = rng("cuda_attention_quantized_output_equals_quantize");
     for (heads, kv_heads, hd) in [(9, 3, 64), (8, 2, 128), (4, 1, 256)] {
         let shape = KvShape { n_layers: 1, kv_dim: kv_heads * hd };
-        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None };
+        let spec =
+            AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window: None, sinks: None };
         let plan = [(70, 1), (0, 1), (4200, 1)];
         let mut caches: Vec<SeqCache> = plan.iter().map(|&(n, _)| filled(&mut rng, shape, n)).collect();
         let q = up(g, &randn(&mut rng, plan.len() * heads * hd, 1.0));
@@ -232,7 +234,7 @@ fn cuda_attention_quantized_output_equals_quantize() {
         }
     }
     let shape = KvShape { n_layers: 1, kv_dim: 128 };
-    let spec = AttnSpec { n_heads: 2, n_kv_heads: 1, head_dim: 128, scale: 0.125, window: None };
+    let spec = AttnSpec { n_heads: 2, n_kv_heads: 1, head_dim: 128, scale: 0.125, window: None, sinks: None };
     let mut c = filled(&mut rng, shape, 3);
     let mut kv = g.plan_kv(&mut [(&mut c, 4)], 128).expect("plan");
     let (k, v) = (up(g, &randn(&mut rng, 4 * 128, 1.0)), up(g, &randn(&mut rng, 4 * 128, 1.0)));

@@ -9,8 +9,8 @@
 //! f64 sum, which leaves it unchanged.
 
 use super::order::{LANES, Order, reduce16_lanes};
-use super::softmax_in_place;
 use super::values::{round_probs, round_probs_each};
+use super::{sink_max, softmax_in_place};
 use crate::kernels::ops::expf_shifted_each;
 
 /// Keys `jlo..=jhi` laid out slot by slot (`[slot][k][..]`, key `j` at slot `j % slots`,
@@ -53,16 +53,20 @@ impl SlotMajor {
 }
 
 /// `p` (`[entry][item]`, `n` items, entries of `slots`) from scaled scores, -inf where an
-/// item does not see a key, to f16-rounded probabilities, 0 where it does not.
-pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
+/// item does not see a key, to f16-rounded probabilities, 0 where it does not. `sinks`:
+/// each item's head's sink logit (`AttnSpec::sinks`).
+pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor, sinks: Option<&[f32]>) {
     if n < 8 {
-        return by_item(p, n, slots);
+        return by_item(p, n, slots, sinks);
     }
     let mut max = vec![f32::NEG_INFINITY; n];
     for row in p.chunks_exact(n) {
         for (m, x) in max.iter_mut().zip(row) {
             *m = m.max(*x);
         }
+    }
+    if let Some(s) = sinks {
+        max.iter_mut().zip(s).for_each(|(m, &s)| *m = sink_max(*m, s));
     }
     for row in p.chunks_exact_mut(n) {
         expf_shifted_each(row, &max);
@@ -85,6 +89,11 @@ pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
             *s += *c as f64;
         }
     }
+    if let Some(s) = sinks {
+        for ((sum, &s), &m) in sum.iter_mut().zip(s).zip(&max) {
+            *sum += f64::from((s - m).exp());
+        }
+    }
     let inv: Vec<f32> = sum.iter().map(|s| (1.0 / s) as f32).collect();
     for row in p.chunks_exact_mut(n) {
         round_probs_each(row, &inv);
@@ -95,7 +104,7 @@ pub(super) fn tile_probs(p: &mut [f32], n: usize, slots: &SlotMajor) {
 /// scores copied out in key order, through `softmax_in_place` over the whole key range
 /// (the -inf of unseen keys become the zeros it pads partial chunks with) and
 /// `round_probs`, and back.
-fn by_item(p: &mut [f32], n: usize, slots: &SlotMajor) {
+fn by_item(p: &mut [f32], n: usize, slots: &SlotMajor, sinks: Option<&[f32]>) {
     let entry: Vec<usize> = (slots.jlo..=slots.jhi).map(|j| slots.at(j) * n).collect();
     let mut row = vec![0.0f32; entry.len()];
     for i in 0..n {
@@ -103,7 +112,7 @@ fn by_item(p: &mut [f32], n: usize, slots: &SlotMajor) {
             *x = p[e + i];
         }
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let inv = softmax_in_place(&mut row, slots.jlo, max);
+        let inv = softmax_in_place(&mut row, slots.jlo, max, sinks.map(|s| s[i]));
         round_probs(&mut row, inv);
         for (x, &e) in row.iter().zip(&entry) {
             p[e + i] = *x;

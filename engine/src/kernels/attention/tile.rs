@@ -67,7 +67,9 @@ pub(super) fn attend_tile(
     let n = items.len();
     let mut probs = vec![f32::NEG_INFINITY; slots.len() * n];
     score_keys(&rows, order, &qs, &items, spec.scale, &slots, &mut probs);
-    tile_probs(&mut probs, n, &slots);
+    // Each item's head's sink: items are (row, head of the group), row-major.
+    let sinks: Option<Vec<f32>> = spec.sinks.map(|s| (0..n).map(|i| s[g * group + i % group]).collect());
+    tile_probs(&mut probs, n, &slots, sinks.as_deref());
     let mut scratch = SCRATCH.take();
     let vals = sized(&mut scratch.vals, slots.len() * hd);
     for j in jlo..=jhi {

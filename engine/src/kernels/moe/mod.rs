@@ -1,8 +1,10 @@
-//! A mixture of experts on the CPU (qwen3moe, llama.cpp's `build_moe_ffn` with softmax
-//! gating and renormalized weights): per token, an f32 router picks `used` of the layer's
-//! experts (`route`), each a SwiGLU MLP; their outputs are multiplied by the token's
-//! weights and summed in the routing order, each product rounded before its sum (ggml's
-//! `mul`, then one `add` per expert).
+//! A mixture of experts on the CPU (llama.cpp's `build_moe_ffn`): per token, an f32 router
+//! picks `used` of the layer's experts (`route`), each an MLP; their outputs are
+//! multiplied by the token's weights and summed in the routing order, each product
+//! rounded before its sum (ggml's `mul`, then one `add` per expert). qwen3moe: softmax
+//! gating, weights renormalized, SwiGLU experts. gpt-oss (`MoeKind::GptOss`): the router's
+//! bias added to its logits, the top logits' softmax as weights, a bias after each of an
+//! expert's matmuls (ggml's `add_id`: the chosen expert's row, one f32 add), SwiGLU-OAI.
 //!
 //! The experts stay in the file's mapping (`Gguf::mapping`) until a token is first routed
 //! to one, which reads that expert's three matrices into the kernels' layout once: only
@@ -23,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
-use crate::config::MoeConfig;
+use crate::config::{MoeConfig, MoeKind};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 use crate::kernels::ops;
@@ -36,6 +38,12 @@ use candle_core::quantized::GgmlDType;
 pub struct Experts {
     /// `[experts][hidden]`, f32 as the file stores it.
     router: Vec<f32>,
+    /// gpt-oss's `ffn_gate_inp.bias` (`[experts]`).
+    router_bias: Option<Vec<f32>>,
+    /// gpt-oss's `ffn_{gate,up,down}_exps.bias`: `[experts][width]` twice, then
+    /// `[experts][hidden]`.
+    biases: Option<[Vec<f32>; 3]>,
+    kind: MoeKind,
     map: Arc<Mmap>,
     /// `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: where each lies in the file.
     stacks: [Stack; 3],
@@ -91,8 +99,23 @@ impl Experts {
         }
         let router = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         let stack = |s: &str, i: usize, o: usize| Stack::locate(g, n(s), m.experts, i, o);
+        let bias = |s: &str, len: usize| g.f32_tensor(&format!("blk.{layer}.{s}.bias"), len);
+        let (router_bias, biases) = match m.kind {
+            MoeKind::Qwen3 => (None, None),
+            MoeKind::GptOss => (
+                Some(bias("ffn_gate_inp", m.experts)?),
+                Some([
+                    bias("ffn_gate_exps", m.experts * m.width)?,
+                    bias("ffn_up_exps", m.experts * m.width)?,
+                    bias("ffn_down_exps", m.experts * hidden)?,
+                ]),
+            ),
+        };
         let experts = Self {
             router,
+            router_bias,
+            biases,
+            kind: m.kind,
             map: g.mapping(),
             stacks: [
                 stack("ffn_gate_exps", hidden, m.width)?,
@@ -118,17 +141,46 @@ impl Experts {
         Ok(self.loaded[e].get_or_init(|| read))
     }
 
-    /// The router's logits for one normed row.
+    /// The router's logits for one normed row (plus its bias, gpt-oss).
     fn logits(&self, x: &[f32]) -> Vec<f32> {
-        self.router.chunks_exact(self.hidden).map(|w| super::attention::dot_lanes(w, x)).collect()
+        let mut l: Vec<f32> =
+            self.router.chunks_exact(self.hidden).map(|w| super::attention::dot_lanes(w, x)).collect();
+        if let Some(b) = &self.router_bias {
+            l.iter_mut().zip(b).for_each(|(l, b)| *l += b);
+        }
+        l
+    }
+
+    /// A row's experts and weights, in the order their outputs are summed.
+    fn route(&self, x: &[f32]) -> Vec<(usize, f32)> {
+        match self.kind {
+            MoeKind::Qwen3 => route::route(&self.logits(x), self.used),
+            MoeKind::GptOss => route::route_softmax_weight(&self.logits(x), self.used),
+        }
+    }
+
+    /// Expert `e`'s MLP over its rows `xe` (`[rows][hidden]`): `[rows][hidden]`.
+    fn mlp(&self, e: usize, xe: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let [w_gate, w_up, w_down] = self.expert(e)?;
+        let [mut gate, mut up] = forward_many([w_gate, w_up], xe, rows)?;
+        let Some([bg, bu, bd]) = &self.biases else {
+            ops::silu_mul(&mut gate, &up);
+            return w_down.forward(&gate, rows);
+        };
+        let (w, h) = (w_gate.out_dim(), self.hidden);
+        add_row(&mut gate, &bg[e * w..][..w]);
+        add_row(&mut up, &bu[e * w..][..w]);
+        ops::swiglu_oai(&mut gate, &up);
+        let mut down = w_down.forward(&gate, rows)?;
+        add_row(&mut down, &bd[e * h..][..h]);
+        Ok(down)
     }
 
     /// The layer's output for the normed rows `x` (`[T][hidden]`).
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         let h = self.hidden;
         let t = x.len() / h;
-        let routes: Vec<Vec<(usize, f32)>> =
-            x.chunks_exact(h).map(|row| route::route(&self.logits(row), self.used)).collect();
+        let routes: Vec<Vec<(usize, f32)>> = x.chunks_exact(h).map(|row| self.route(row)).collect();
         // Each expert's rows: (stacked row, its slot in that row's route).
         let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.loaded.len()];
         for (r, route) in routes.iter().enumerate() {
@@ -140,10 +192,7 @@ impl Experts {
         let mut outs = vec![0.0f32; t * self.used * h];
         for (e, rows) in by_expert.iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
             let xe: Vec<f32> = rows.iter().flat_map(|&(r, _)| &x[r * h..(r + 1) * h]).copied().collect();
-            let [w_gate, w_up, w_down] = self.expert(e)?;
-            let [mut gate, up] = forward_many([w_gate, w_up], &xe, rows.len())?;
-            ops::silu_mul(&mut gate, &up);
-            let down = w_down.forward(&gate, rows.len())?;
+            let down = self.mlp(e, &xe, rows.len())?;
             for (d, &(r, slot)) in down.chunks_exact(h).zip(rows) {
                 outs[(r * self.used + slot) * h..][..h].copy_from_slice(d);
             }
@@ -160,6 +209,13 @@ impl Experts {
             }
         }
         Ok(y)
+    }
+}
+
+/// `b` added to every row of `x` (`[rows][b.len()]`).
+fn add_row(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
     }
 }
 

@@ -1,6 +1,7 @@
 //! A token's routing, as llama.cpp's `build_moe_ffn` decides it for qwen3moe (softmax
-//! gating, weights renormalized): pure functions of the router's logits, in ggml's CPU
-//! arithmetic (its AVX-512 build, which the rest of the engine reproduces).
+//! gating, weights renormalized: `route`) and gpt-oss (the top logits, then a softmax of
+//! those alone: `route_softmax_weight`): pure functions of the router's logits, in ggml's
+//! CPU arithmetic (its AVX-512 build, which the rest of the engine reproduces).
 //!
 //! - `softmax`: `ggml_soft_max` of the row — the maximum, then `exp(x - max)` through
 //!   ggml's vector `expf` sixteen lanes at a time, each chunk's sum reduced as
@@ -63,6 +64,19 @@ pub(crate) fn weights(p: &[f32], chosen: &[usize]) -> Vec<f32> {
     chosen.iter().map(|&e| p[e] / sum).collect()
 }
 
+/// gpt-oss's route (`SOFTMAX_WEIGHT` gating): the `k` largest logits (ggml's
+/// `argsort_top_k`, largest first), their weights `ggml_soft_max` of those `k` logits
+/// alone, in that order. (`top_k`'s swap of the first two would change nothing here: a
+/// softmax of a few f32 values sums them exactly in f64, and the first two outputs are
+/// the first two terms of the weighted sum.)
+pub(crate) fn route_softmax_weight(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut chosen: Vec<usize> = (0..logits.len()).collect();
+    chosen.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    chosen.truncate(k);
+    let w = softmax(&chosen.iter().map(|&e| logits[e]).collect::<Vec<_>>());
+    chosen.into_iter().zip(w).collect()
+}
+
 /// A token's experts and their weights, in the order their outputs are summed.
 pub(crate) fn route(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
     let p = softmax(logits);
@@ -120,6 +134,18 @@ mod tests {
         assert_eq!(top_k(&p, 2), vec![3, 1]);
         // Ties go by the lower index first (before the swap).
         assert_eq!(top_k(&[0.25, 0.25, 0.5, 0.0], 3), vec![0, 2, 1]);
+    }
+
+    #[test]
+    fn gpt_oss_weights_are_a_softmax_of_the_top_logits_alone() {
+        let logits = [0.5f32, -1.0, 2.0, 1.5, 0.25, 3.0];
+        let r = route_softmax_weight(&logits, 3);
+        assert_eq!(r.iter().map(|&(e, _)| e).collect::<Vec<_>>(), vec![5, 2, 3]);
+        // libm's expf of each less the maximum, over their f64 sum.
+        let e = [0.0f32.exp(), (-1.0f32).exp(), (-1.5f32).exp()];
+        let inv = (1.0 / e.iter().map(|&x| f64::from(x)).sum::<f64>()) as f32;
+        assert_eq!(r.iter().map(|&(_, w)| w).collect::<Vec<_>>(), e.map(|x| x * inv).to_vec());
+        assert_eq!(route_softmax_weight(&logits, 1), vec![(5, 1.0)]);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `Experts` on a GGUF built byte by byte: 4 Q8_0 experts, 2 used, rows of 32.
+//! `Experts` on a GGUF built byte by byte: 4 experts, 2 used, rows of 32 — Q8_0 for
+//! qwen3moe; MXFP4 with f32 biases (router and experts) for gpt-oss.
 
 use super::*;
 
@@ -28,25 +29,59 @@ fn q8_0(n: usize, seed: usize) -> Vec<u8> {
     out
 }
 
-/// Layer 0's router (f32) and three expert stacks, in a GGUF file.
-fn file() -> Gguf {
-    let router: Vec<u8> =
-        (0..E * H).flat_map(|i| ((noise(7 * i + 3) % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()).collect();
-    let stack = |seed| q8_0(E * W * H / 32, seed);
-    let tensors: [(&str, [u64; 3], u32, Vec<u8>); 4] = [
-        ("blk.0.ffn_gate_inp.weight", [H as u64, E as u64, 1], 0, router),
-        ("blk.0.ffn_gate_exps.weight", [H as u64, W as u64, E as u64], 8, stack(1_000)),
-        ("blk.0.ffn_up_exps.weight", [H as u64, W as u64, E as u64], 8, stack(50_000)),
-        ("blk.0.ffn_down_exps.weight", [W as u64, H as u64, E as u64], 8, stack(90_000)),
-    ];
+/// `n` MXFP4 blocks, exponents 120..=123 (scales 2^-8..2^-5), random nibbles.
+fn mxfp4(n: usize, seed: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in 0..n {
+        out.push(120 + (noise(seed + b * 17) % 4) as u8);
+        out.extend((0..16).map(|j| noise(seed + b * 17 + 1 + j) as u8));
+    }
+    out
+}
+
+/// `n` f32 values in [-1, 1].
+fn f32s(n: usize, seed: usize) -> Vec<u8> {
+    (0..n).flat_map(|i| ((noise(seed + 7 * i + 3) % 2001) as f32 / 1000.0 - 1.0).to_le_bytes()).collect()
+}
+
+/// Layer 0's router (f32) and three expert stacks, in a GGUF file; gpt-oss's as MXFP4
+/// with biases.
+fn file(kind: MoeKind) -> Gguf {
+    let (h, w, e) = (H as u64, W as u64, E as u64);
+    let mut tensors: Vec<(&str, Vec<u64>, u32, Vec<u8>)> =
+        vec![("blk.0.ffn_gate_inp.weight", vec![h, e], 0, f32s(E * H, 0))];
+    let names = ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"];
+    let dims = [vec![h, w, e], vec![h, w, e], vec![w, h, e]];
+    for ((name, dims), seed) in names.iter().zip(dims).zip([1_000, 50_000, 90_000]) {
+        let (ty, bytes) = match kind {
+            MoeKind::Qwen3 => (8, q8_0(E * W * H / 32, seed)),
+            MoeKind::GptOss => (39, mxfp4(E * W * H / 32, seed)),
+        };
+        tensors.push((name, dims, ty, bytes));
+    }
+    let mut names_w: Vec<String> = Vec::new();
+    if kind == MoeKind::GptOss {
+        names_w = ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
+            .iter()
+            .map(|n| format!("blk.0.{n}.bias"))
+            .collect();
+    }
+    let bias_dims = [vec![e], vec![w, e], vec![w, e], vec![h, e]];
+    for ((name, dims), seed) in names_w.iter().zip(bias_dims).zip([5, 7_000, 60_000, 99_000]) {
+        let n = dims.iter().product::<u64>() as usize;
+        tensors.push((name.as_str(), dims, 0, f32s(n, seed)));
+    }
+    write(&tensors)
+}
+
+fn write(tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Gguf {
     let mut out = b"GGUF".to_vec();
     out.extend(3u32.to_le_bytes());
     out.extend((tensors.len() as u64).to_le_bytes());
     out.extend(0u64.to_le_bytes());
     let mut data = Vec::new();
-    for (name, dims, ty, bytes) in &tensors {
+    for (name, dims, ty, bytes) in tensors {
         s(&mut out, name);
-        let dims: &[u64] = if *ty == 0 { &dims[..2] } else { &dims[..] };
         out.extend((dims.len() as u32).to_le_bytes());
         dims.iter().for_each(|d| out.extend(d.to_le_bytes()));
         out.extend(ty.to_le_bytes());
@@ -56,7 +91,7 @@ fn file() -> Gguf {
     }
     out.resize(out.len().next_multiple_of(32), 0);
     out.extend(data);
-    let path = std::env::temp_dir().join(format!("corral-moe-{}.gguf", std::process::id()));
+    let path = std::env::temp_dir().join(format!("corral-moe-{}-{}.gguf", std::process::id(), tensors.len()));
     std::fs::write(&path, &out).unwrap();
     let g = Gguf::open(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
@@ -68,8 +103,14 @@ fn file() -> Gguf {
 /// are read only once chosen.
 #[test]
 fn each_row_is_its_own_routes_weighted_sum_and_only_chosen_experts_are_read() {
-    let g = file();
-    let m = MoeConfig { experts: E, used: 2, width: W };
+    for kind in [MoeKind::Qwen3, MoeKind::GptOss] {
+        rows_alone(kind);
+    }
+}
+
+fn rows_alone(kind: MoeKind) {
+    let g = file(kind);
+    let m = MoeConfig { experts: E, used: 2, width: W, kind };
     let experts = Experts::load(&g, 0, H, m).unwrap();
     let read = |x: &Experts| x.loaded.iter().filter(|l| l.get().is_some()).count();
     assert_eq!(read(&experts), 1, "the first expert only, at load");
@@ -78,22 +119,41 @@ fn each_row_is_its_own_routes_weighted_sum_and_only_chosen_experts_are_read() {
     let mut chosen = [false; E];
     chosen[0] = true;
     for (r, row) in x.chunks_exact(H).enumerate() {
-        let route = route::route(&experts.logits(row), 2);
+        let route = match kind {
+            MoeKind::Qwen3 => route::route(&experts.logits(row), 2),
+            MoeKind::GptOss => route::route_softmax_weight(&experts.logits(row), 2),
+        };
         let mut want = vec![0.0f32; H];
         for (slot, &(e, w)) in route.iter().enumerate() {
             chosen[e] = true;
             let mat = |s: &Stack| s.matrix(&experts.map, E, e).unwrap();
             let [wg, wu, wd] = [mat(&experts.stacks[0]), mat(&experts.stacks[1]), mat(&experts.stacks[2])];
-            let mut gate = wg.forward(row, 1).unwrap();
-            ops::silu_mul(&mut gate, &wu.forward(row, 1).unwrap());
-            let d = wd.forward(&gate, 1).unwrap();
+            let (mut gate, mut up) = (wg.forward(row, 1).unwrap(), wu.forward(row, 1).unwrap());
+            let d = match &experts.biases {
+                None => {
+                    ops::silu_mul(&mut gate, &up);
+                    wd.forward(&gate, 1).unwrap()
+                }
+                Some([bg, bu, bd]) => {
+                    gate.iter_mut().zip(&bg[e * W..]).for_each(|(x, b)| *x += b);
+                    up.iter_mut().zip(&bu[e * W..]).for_each(|(x, b)| *x += b);
+                    ops::swiglu_oai(&mut gate, &up);
+                    let mut d = wd.forward(&gate, 1).unwrap();
+                    d.iter_mut().zip(&bd[e * H..]).for_each(|(x, b)| *x += b);
+                    d
+                }
+            };
             for (y, d) in want.iter_mut().zip(d) {
                 *y = if slot == 0 { d * w } else { *y + d * w };
             }
         }
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got[r * H..(r + 1) * H]), bits(&want), "row {r}");
+        assert_eq!(bits(&got[r * H..(r + 1) * H]), bits(&want), "{kind:?} row {r}");
         assert!(want.iter().any(|&v| v != 0.0));
     }
     assert_eq!(read(&experts), chosen.iter().filter(|&&c| c).count());
+    assert!(chosen.iter().filter(|&&c| c).count() > 2, "{kind:?}: rows routed to different experts");
+    if kind == MoeKind::GptOss {
+        assert!(experts.router_bias.is_some() && experts.biases.is_some());
+    }
 }

@@ -7,7 +7,7 @@
 //! Q4_1 and Q8_0 weights: activations quantized to Q8_1/Q8_0 with `127/amax` and
 //! round-half-even, integer sums in eight lanes of four, one FMA per lane per block,
 //! ggml's horizontal-sum order; the same for Q5_0 against Q8_0, Q5_1 against Q8_1
-//! and IQ4_NL against Q8_0 (`blocks32`), and Q4_K / Q6_K against Q8_K as in `kquants`,
+//! and IQ4_NL and MXFP4 against Q8_0 (`blocks32`), and Q4_K / Q6_K against Q8_K as in `kquants`,
 //! Q2_K / Q3_K / Q5_K / IQ4_XS as in `kvec`; BF16 against bf16-rounded activations
 //! (`bf16`). (llama.cpp's batched tinyBLAS path for Q8_0/Q5_0 performs the
 //! same per-element arithmetic as its vec-dot, so one kernel serves every batch size.)
@@ -77,7 +77,7 @@ impl QuantMatMul {
         match dtype {
             Stored::Ggml(BF16) => k.is_multiple_of(bf16::STEP),
             Stored::Ggml(d) => matches!(d, Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K),
-            Stored::Iq4Nl | Stored::Iq4Xs => true,
+            Stored::Iq4Nl | Stored::Iq4Xs | Stored::Mxfp4 => true,
         }
     }
 
@@ -95,6 +95,8 @@ impl QuantMatMul {
         let w = match dtype {
             Stored::Iq4Nl => Weights::Iq4Nl(blocks32::parse_iq4_nl(bytes), Iq4NlPath::Repacked),
             Stored::Iq4Xs => Weights::Iq4Xs(kvec::parse_iq4_xs(bytes)),
+            // IQ4_NL's kernels with MXFP4's table and scales (`blocks32`).
+            Stored::Mxfp4 => Weights::Iq4Nl(blocks32::parse_mxfp4(bytes), Iq4NlPath::Repacked),
             Stored::Ggml(dtype) => Self::parse_ggml(name, dtype, bytes)?,
         };
 
@@ -136,8 +138,8 @@ impl QuantMatMul {
         })
     }
 
-    /// IQ4_NL in a matrix of `rows_in_file` rows: llama.cpp repacks it only where that
-    /// is a multiple of 8 (`ggml_repack_get_optimal_repack_type`), else takes its vec-dot.
+    /// IQ4_NL (or MXFP4) in a matrix of `rows_in_file` rows: llama.cpp repacks it only
+    /// where that is a multiple of 8 (`ggml_repack_get_optimal_repack_type`), else takes its vec-dot.
     pub(crate) fn with_rows_in_file(mut self, rows_in_file: usize) -> Self {
         if let Weights::Iq4Nl(_, path) = &mut self.w {
             *path = if rows_in_file.is_multiple_of(8) { Iq4NlPath::Repacked } else { Iq4NlPath::VecDot };
@@ -389,6 +391,7 @@ pub(crate) fn dequantize_row(dtype: Stored, bytes: &[u8]) -> Vec<f32> {
     match dtype {
         Stored::Iq4Nl => blocks32::dequantize_iq4_nl(bytes),
         Stored::Iq4Xs => kvec::dequantize_iq4_xs(bytes),
+        Stored::Mxfp4 => blocks32::dequantize_mxfp4(bytes),
         Stored::Ggml(d) => unreachable!("{d:?} rows are candle's to dequantize"),
     }
 }
