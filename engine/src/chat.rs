@@ -305,8 +305,20 @@ fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error>
 }
 
 fn strftime(format: &str, secs: u64) -> std::result::Result<String, minijinja::Error> {
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar, in 400-year eras).
     let days = (secs / 86_400) as i64 + 719_468;
     let (era, doe) = (days.div_euclid(146_097), days.rem_euclid(146_097));

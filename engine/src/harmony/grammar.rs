@@ -103,7 +103,11 @@ mod tests {
         ToolRequest {
             tools: vec![
                 ToolDef { name: "get_weather".into(), description: None, parameters: city },
-                ToolDef { name: "now".into(), description: None, parameters: json!({"type": "object", "properties": {}}) },
+                ToolDef {
+                    name: "now".into(),
+                    description: None,
+                    parameters: json!({"type": "object", "properties": {}}),
+                },
             ],
             mode,
             parallel: false,
@@ -111,7 +115,8 @@ mod tests {
     }
 
     const THINK: &str = "<|channel|>analysis<|message|>Need weather <|en.<|end|><|start|>assistant";
-    const CALL: &str = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+    const CALL: &str =
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
     const ANSWER: &str = "<|channel|>final<|message|>It is sunny.";
 
     #[test]
@@ -138,7 +143,9 @@ mod tests {
 
     #[test]
     fn a_response_format_constrains_the_final_answer() {
-        let schema = Constraint::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}));
+        let schema = Constraint::JsonSchema(
+            json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+        );
         let g = || grammar(None, Some(&schema));
         assert!(accepts(g(), "<|channel|>final<|message|>{\"a\": 1}"));
         assert!(accepts(g(), &format!("{THINK}<|channel|>final<|message|>{{\"a\": 2}}")));

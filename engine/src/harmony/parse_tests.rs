@@ -61,7 +61,8 @@ fn analysis_is_reasoning_and_final_is_the_answer() {
     assert_eq!(read(false, false, out), answer("User says hi. Reply briefly 😀.", "Hello! How can I help?"));
     // A final answer alone; a preamble (commentary to no one) is answer text too.
     assert_eq!(read(false, false, "<|channel|>final<|message|>42"), answer("", "42"));
-    let preamble = "<|channel|>commentary<|message|>Checking. <|end|><|start|>assistant<|channel|>final<|message|>Done.";
+    let preamble =
+        "<|channel|>commentary<|message|>Checking. <|end|><|start|>assistant<|channel|>final<|message|>Done.";
     assert_eq!(read(true, true, preamble), answer("", "Checking. Done."));
 }
 
@@ -79,7 +80,8 @@ fn a_message_to_a_function_is_a_call() {
     held.calls[0].1 = "{\"city\":\"Paris\"}".into();
     assert_eq!(read(true, false, call), held);
     // The recipient in the role part of the header, as templates render past calls.
-    let in_role = "<|channel|>final<|message|>ok<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}";
+    let in_role =
+        "<|channel|>final<|message|>ok<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}";
     let r = read(true, true, in_role);
     assert_eq!((r.text.as_str(), r.calls), ("ok", vec![("f".into(), "{}".into())]));
 }
@@ -101,9 +103,15 @@ fn output_that_is_not_harmony_is_text() {
     let long = "word ".repeat(80);
     assert_eq!(read(false, false, &long), answer("", &long));
     // Cut short inside a header: nothing was written yet.
-    assert_eq!(read(false, false, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>fin"), answer("hm", ""));
+    assert_eq!(
+        read(false, false, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>fin"),
+        answer("hm", "")
+    );
     // Cut short inside a body: what was written counts; a marker cut in half is text.
-    assert_eq!(read(false, false, "<|channel|>analysis<|message|>still thinking <|en"), answer("still thinking <|en", ""));
+    assert_eq!(
+        read(false, false, "<|channel|>analysis<|message|>still thinking <|en"),
+        answer("still thinking <|en", "")
+    );
 }
 
 #[test]

@@ -4,8 +4,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::harmony::{CALL, CHANNEL, END, MESSAGE, RETURN, START, speaks, vocabulary_has};
 use crate::chat::{ChatMessage, ChatTemplate};
+use crate::harmony::{CALL, CHANNEL, END, MESSAGE, RETURN, START, speaks, vocabulary_has};
 
 fn template() -> ChatTemplate {
     ChatTemplate::new(None, Some(builtin()), "<|startoftext|>", "<|return|>", false).unwrap()
@@ -97,4 +97,3 @@ fn the_format_is_recognised() {
     assert!(vocabulary_has(|t| [START, CHANNEL, MESSAGE, END, RETURN, CALL].contains(&t)));
     assert!(!vocabulary_has(|t| t != CALL));
 }
-

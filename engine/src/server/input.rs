@@ -18,7 +18,7 @@ use crate::chat::ChatMessage;
 use crate::grammar::{Constraint, Grammar};
 use crate::reasoning::{self, Effort};
 use crate::tools::ToolRequest;
-use crate::tools::format::ToolFormat;
+use crate::tools::format::{Syntax, ToolFormat};
 use crate::tools::grammar::tool_grammar;
 use crate::tools::prompt::fallback_system;
 
@@ -35,6 +35,8 @@ pub struct ChatInput {
     pub template_kwargs: Map<String, Value>,
     /// How hard the request asks the model to reason.
     pub effort: Option<Effort>,
+    /// The request field that set `effort`, for a 400 about it.
+    pub effort_field: &'static str,
     /// Parts of the request that are accepted but not honoured (Warning headers).
     pub warnings: Vec<String>,
 }
@@ -70,6 +72,7 @@ pub fn from_openai(req: &ChatCompletionRequest) -> Result<ChatInput, ApiError> {
         logprobs,
         template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
         effort: effort("reasoning_effort", req.reasoning_effort.as_deref())?,
+        effort_field: "reasoning_effort",
         warnings: Vec::new(),
     })
 }
@@ -101,9 +104,13 @@ pub(super) fn prepare(
     if input.turns.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    let ChatInput { turns, tools, constraint, sampling, logprobs, mut template_kwargs, effort, warnings } = input;
+    let ChatInput { turns, tools, constraint, sampling, logprobs, mut template_kwargs, effort, effort_field, warnings } =
+        input;
+    let harmony = fmt.syntax == Syntax::Harmony;
     let grammar = match (&tools, &constraint) {
         (Some(t), c) => Some(tool_grammar(fmt, t, c.as_ref())),
+        // Harmony's answer is a message: the constraint applies to its body.
+        (None, Some(c)) if harmony => Some(crate::harmony::grammar::grammar(None, Some(c))),
         (None, Some(c)) => Some(TopLevelGrammar::from_grammar(c.grammar("answer"))),
         (None, None) => None,
     };
@@ -144,6 +151,17 @@ pub(super) fn prepare(
     if let Some(on) = reasoning::enable_thinking(explicit, effort, thinking) {
         template_kwargs.insert("enable_thinking".into(), Value::Bool(on));
     }
+    if let Some(e) = effort.filter(|_| harmony) {
+        // Harmony always reasons; the effort is the system message's "Reasoning: <level>"
+        // (gpt-oss's template reads `reasoning_effort`; an explicit kwarg wins).
+        let level = crate::harmony::effort_level(e).ok_or_else(|| {
+            ApiError::invalid(
+                effort_field,
+                format!("this model always reasons (harmony format): {effort_field} must be low, medium or high"),
+            )
+        })?;
+        template_kwargs.entry("reasoning_effort").or_insert_with(|| Value::from(level));
+    }
     let messages = conversation::template_messages(&turns, fmt, &system);
     Ok(Prepared { messages, tools_json, template_kwargs, tools, compiled, sampling, logprobs, warnings })
 }
@@ -164,6 +182,7 @@ pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize
         None => {}
     }
     v.reading = Reading {
+        harmony: fmt.syntax == Syntax::Harmony,
         tools: p.tools.map(|_| ToolOutput { format: fmt.clone(), enforced }),
         think: engine
             .template
