@@ -30,13 +30,18 @@ fn model() -> Option<PathBuf> {
     if path.is_file() {
         return Some(path);
     }
+    // Tests run in parallel processes: each writes its own file, then renames it into
+    // place (the bytes are the same every time).
     let root = env!("CARGO_MANIFEST_DIR");
+    let own = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::create_dir_all(path.parent().expect("a dir")).expect("creates the models dir");
     let made = std::process::Command::new("python3")
-        .args([&format!("{root}/scripts/models/make-gguf"), path.to_str().unwrap()])
+        .args([&format!("{root}/scripts/models/make-gguf"), own.to_str().unwrap()])
         .args(["--preset", "qwen2", "--vocab", "o200k-harmony", "--type", "q4_0", "--jobs", "1"])
         .output()
         .expect("python3 runs");
     if made.status.success() {
+        std::fs::rename(&own, &path).expect("renames the model into place");
         return Some(path);
     }
     let why = String::from_utf8_lossy(&made.stderr);
