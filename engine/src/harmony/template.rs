@@ -11,7 +11,9 @@
 //! the reasoning (`thinking`) of a call turn is kept while no answer has followed it, so
 //! the model continues from its own analysis after the tool results. Unlike gpt-oss's,
 //! every call of a turn is rendered (its template writes only the first), and a tool
-//! result names the tool its `tool_call_id` called (the engine sets `name`).
+//! result names the tool its `tool_call_id` called (the engine sets `name`). Held to
+//! llama.cpp's renderings of gpt-oss's own template (`scripts/models/oracle/harmony`,
+//! the test in `server/input.rs`), whitespace quirks of nested types included.
 
 use crate::builtin_templates::Builtin;
 

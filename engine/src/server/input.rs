@@ -193,3 +193,33 @@ pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize
     v.rendered = Some(text);
     Ok(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatTemplate;
+
+    /// The built-in harmony template, fed by the same request path as a real request,
+    /// renders what llama.cpp renders from gpt-oss's own template
+    /// (`scripts/models/oracle/harmony`), today's date aside.
+    #[test]
+    fn the_builtin_harmony_template_renders_as_gpt_oss_own_does() {
+        let doc: Value = serde_json::from_str(include_str!("../../tests/fixtures/harmony-template.json")).unwrap();
+        let builtin = crate::harmony::template::builtin();
+        let t = ChatTemplate::new(None, Some(builtin), "<|startoftext|>", "<|return|>", false).unwrap();
+        let fmt = ToolFormat::detect(Some(t.text()), |_| None);
+        let undated = |s: &str| {
+            let at = s.find("Current date: ").expect("a date") + "Current date: ".len();
+            format!("{}{}", &s[..at], &s[at + "YYYY-MM-DD".len()..])
+        };
+        let cases = doc["cases"].as_array().unwrap();
+        assert!(cases.len() >= 6);
+        for c in cases {
+            let req: ChatCompletionRequest = serde_json::from_value(c["request"].clone()).unwrap();
+            let input = from_openai(&req).unwrap();
+            let p = prepare(input, &fmt, None, |_, _| Err("not compiled in this test".into())).unwrap();
+            let ours = t.render_with(&p.messages, p.tools_json.as_ref(), true, &p.template_kwargs).unwrap();
+            assert_eq!(undated(&ours), undated(c["prompt"].as_str().unwrap()), "{}", c["name"]);
+        }
+    }
+}
