@@ -1,7 +1,9 @@
 //! Turn formats for model files without a chat template (`tokenizer.chat_template`),
 //! chosen as llama.cpp and Ollama choose a family's default: by architecture, and for a
 //! `llama` file by its vocabulary's special tokens (Llama 3's header tokens, ChatML's
-//! `<|im_start|>`); a `llama` file with neither gets none (raw completions only).
+//! `<|im_start|>`); a `llama` file with neither gets none (raw completions only). A
+//! vocabulary with harmony's message tokens (o200k_harmony: gpt-oss) gets the harmony
+//! format whatever the architecture (`crate::harmony::template`).
 
 use crate::config::Arch;
 
@@ -81,6 +83,9 @@ const MISTRAL: Builtin = Builtin {
 /// The built-in template for a file of `arch` whose vocabulary holds the tokens for which
 /// `has_token` is true; `None` when no format fits.
 pub fn choose(arch: Arch, has_token: impl Fn(&str) -> bool) -> Option<Builtin> {
+    if crate::harmony::vocabulary_has(&has_token) {
+        return Some(crate::harmony::template::builtin());
+    }
     match arch {
         Arch::Gemma3 => Some(GEMMA),
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => Some(CHATML),

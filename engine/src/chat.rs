@@ -51,6 +51,10 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's reasoning, for templates that render it back (gpt-oss's reads
+    /// `thinking`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 impl ChatMessage {
@@ -61,6 +65,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            thinking: None,
         }
     }
 }
@@ -111,6 +116,7 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", text.clone()).map_err(|e| Error::Template(describe(&e)))?;
         Ok(Self { env, source, text, bos: bos.to_owned(), eos: eos.to_owned(), strip_bos: tokenizer_adds_bos })
     }
@@ -290,6 +296,68 @@ impl JsonFmt<'_> {
     }
 }
 
+/// `strftime_now(format)` as llama.cpp's and Hugging Face's template hosts give it (gpt-oss
+/// and Llama 3.x templates write today's date with it): the current UTC time, with the
+/// conversions those templates use (`%Y %m %d %H %M %S %y %b %B %%`).
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    strftime(&format, secs)
+}
+
+fn strftime(format: &str, secs: u64) -> std::result::Result<String, minijinja::Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar, in 400-year eras).
+    let days = (secs / 86_400) as i64 + 719_468;
+    let (era, doe) = (days.div_euclid(146_097), days.rem_euclid(146_097));
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('H') => out.push_str(&format!("{h:02}")),
+            Some('M') => out.push_str(&format!("{m:02}")),
+            Some('S') => out.push_str(&format!("{s:02}")),
+            Some('B') => out.push_str(MONTHS[month as usize - 1]),
+            Some('b') => out.push_str(&MONTHS[month as usize - 1][..3]),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("strftime_now: unsupported conversion %{}", other.map(String::from).unwrap_or_default()),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn describe(e: &minijinja::Error) -> String {
     match e.detail() {
         Some(d) => format!("{} ({d})", e.kind()),
@@ -401,6 +469,17 @@ mod tests {
         );
         // A map's own order, too, when a template iterates it.
         assert_eq!(render("{% for k in tools[0].function.parameters %}{{ k }}{% endfor %}"), "zam");
+    }
+
+    #[test]
+    fn strftime_writes_civil_dates() {
+        assert_eq!(strftime("%Y-%m-%d %H:%M:%S", 0).unwrap(), "1970-01-01 00:00:00");
+        // 2024-02-29 (a leap day) 13:05:09 UTC, and 2000-12-31.
+        assert_eq!(strftime("%d %b %Y, %B %y %%", 1_709_211_909).unwrap(), "29 Feb 2024, February 24 %");
+        assert_eq!(strftime("%Y-%m-%d", 978_220_800).unwrap(), "2000-12-31");
+        assert!(strftime("%Q", 0).is_err());
+        let t = ChatTemplate::new(Some("{{ strftime_now('%Y') }}"), None, "", "", false).unwrap();
+        assert!(t.render(&msgs()[..1], None, false).unwrap().parse::<u32>().unwrap() >= 2025);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod error;
 pub mod generate;
 pub mod gguf;
 pub mod grammar;
+pub mod harmony;
 pub mod heap;
 pub mod kernels;
 pub mod kv;

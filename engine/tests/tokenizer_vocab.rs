@@ -7,6 +7,12 @@
 //! ~/.cache/corral/vocab). Without them each test prints "skipped: run
 //! scripts/models/vocab" and passes, unless CORRAL_REQUIRE_VOCAB=1 (CI sets it).
 //!
+//! gpt-oss's vocabulary (o200k_harmony, `gpt-4o` pre-tokenizer) has no llama.cpp test file:
+//! `scripts/models/vocab-o200k` builds it into the same dir from OpenAI's o200k_base ranks
+//! (npm `js-tiktoken`) and `scripts/models/oracle/o200k` captured llama.cpp's ids for 60
+//! strings, with and without special-token parsing, into
+//! `fixtures/tokenize-o200k-harmony.json` (`o200k_harmony` below).
+//!
 //! llama.cpp's test data not covered, deliberately:
 //! - `bert-bge` (WordPiece, `bert`) and `nomic-bert-moe` (Unigram, `t5`): embedding-model
 //!   vocabulary types we do not load.
@@ -138,4 +144,48 @@ fn an_unknown_pre_tokenizer_is_a_load_error_naming_it() {
     for known in ["llama-bpe", "llama3", "llama-v3", "qwen2", "qwen35", "deepseek-v3", "tekken", "gpt-4o", "phi-2"] {
         assert!(err.contains(known), "{known} missing from the message: {err}");
     }
+}
+
+/// gpt-oss's vocabulary against llama.cpp's ids for it (module doc), both ways of reading
+/// special tokens; llama.cpp's load-time changes to the harmony tokens included.
+#[test]
+fn o200k_harmony() {
+    let Some(dir) = vocab_dir() else { return };
+    let path = dir.join("ggml-vocab-o200k-harmony.gguf");
+    if !path.is_file() {
+        let required = std::env::var("CORRAL_REQUIRE_VOCAB").is_ok_and(|v| v == "1");
+        assert!(!required, "{} is missing (CORRAL_REQUIRE_VOCAB=1): run scripts/models/vocab-o200k", path.display());
+        eprintln!("skipped: run scripts/models/vocab-o200k");
+        return;
+    }
+    let g = Gguf::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let tok = Tokenizer::from_gguf(&g).expect("loads");
+    assert_eq!(tok.vocab_size(), 201_088);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenize-o200k-harmony.json");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).expect("reads")).unwrap();
+    let cases = doc["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 100, "only {} cases", cases.len());
+    let mut failures = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().expect("text");
+        let want: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let parse = c["parse_special"].as_bool().unwrap();
+        let got = if parse { tok.encode(text, false) } else { tok.encode_unparsed(text, false) }.expect("encodes");
+        if got != want {
+            failures.push(format!("{text:?} (parse_special {parse})\n   llama.cpp {want:?}\n   corral    {got:?}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ (first shown):\n{}",
+        failures.len(),
+        cases.len(),
+        failures.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
+    );
+    // The message-structure tokens render as text; <|end|> no longer ends generation,
+    // <|return|> and <|call|> do.
+    let id = |t: &str| tok.token_id(t).unwrap_or_else(|| panic!("{t} in the vocabulary"));
+    assert_eq!(tok.decode(&[id("<|channel|>"), id("<|end|>")]), "<|channel|><|end|>");
+    assert!(tok.decode(&[id("<|return|>")]).is_empty());
+    assert!(!tok.is_eog(id("<|end|>")) && tok.is_eog(id("<|return|>")) && tok.is_eog(id("<|call|>")));
 }

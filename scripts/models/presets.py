@@ -99,7 +99,7 @@ PRESETS = {
 }
 
 # Token counts of the real vocabularies (for --list, which needs no vocab file).
-VOCAB_SIZES = {"llama-bpe": 128256, "qwen2": 151936, "phi-3": 32064}
+VOCAB_SIZES = {"llama-bpe": 128256, "qwen2": 151936, "phi-3": 32064, "o200k-harmony": 201088}
 
 
 def params(p):

@@ -25,6 +25,7 @@ mod gateway_faults;
 mod gateway_guard;
 mod gateway_limits;
 mod gateway_real;
+mod harmony;
 mod hf_cache;
 mod lifecycle_real;
 mod metrics;

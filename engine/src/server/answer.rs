@@ -4,6 +4,7 @@
 //! render them as they come, whole responses render them collected, so the two never
 //! disagree.
 
+use crate::harmony::parse::{HarmonyStream, Piece as HarmonyPiece};
 use crate::reasoning::{Part, ThinkSplit};
 use crate::tools::ParsedCall;
 use crate::tools::format::ToolFormat;
@@ -17,6 +18,9 @@ pub struct Reading {
     /// The model reasons in `<think>` tags: `Some(true)` when the prompt already opened
     /// one, so the output starts as reasoning.
     pub think: Option<bool>,
+    /// The output is harmony messages (gpt-oss): read by `crate::harmony::parse`, which
+    /// finds reasoning and calls itself.
+    pub harmony: bool,
 }
 
 /// How tool calls were written.
@@ -29,6 +33,10 @@ pub struct ToolOutput {
 
 impl Reading {
     pub fn stream(&self) -> AnswerStream {
+        if self.harmony {
+            let (tools, enforced) = self.tools.as_ref().map_or((false, false), |t| (true, t.enforced));
+            return AnswerStream { think: None, tools: None, harmony: Some(HarmonyStream::new(tools, enforced)) };
+        }
         AnswerStream::new(
             self.think.map(ThinkSplit::new),
             self.tools.as_ref().map(|t| ToolStream::new(t.format.clone(), t.enforced)),
@@ -55,14 +63,18 @@ pub enum AnswerPiece {
 pub struct AnswerStream {
     think: Option<ThinkSplit>,
     tools: Option<ToolStream>,
+    harmony: Option<HarmonyStream>,
 }
 
 impl AnswerStream {
     pub fn new(think: Option<ThinkSplit>, tools: Option<ToolStream>) -> Self {
-        Self { think, tools }
+        Self { think, tools, harmony: None }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<AnswerPiece> {
+        if let Some(h) = self.harmony.as_mut() {
+            return h.push(text).into_iter().map(from_harmony).collect();
+        }
         let parts = match self.think.as_mut() {
             Some(t) => t.push(text),
             None => vec![Part::Answer(text.to_owned())],
@@ -71,13 +83,19 @@ impl AnswerStream {
     }
 
     pub fn finish(&mut self) -> Vec<AnswerPiece> {
+        if let Some(h) = self.harmony.as_mut() {
+            return h.finish().into_iter().map(from_harmony).collect();
+        }
         let parts = self.think.as_mut().map(ThinkSplit::finish).unwrap_or_default();
         self.route(parts, true)
     }
 
     /// How many tool calls the answer has started.
     pub fn calls(&self) -> usize {
-        self.tools.as_ref().map_or(0, ToolStream::calls)
+        match &self.harmony {
+            Some(h) => h.calls(),
+            None => self.tools.as_ref().map_or(0, ToolStream::calls),
+        }
     }
 
     fn route(&mut self, parts: Vec<Part>, last: bool) -> Vec<AnswerPiece> {
@@ -102,6 +120,15 @@ fn from_tool(p: Piece) -> AnswerPiece {
         Piece::Content(t) => AnswerPiece::Text(t),
         Piece::CallStart { index, name } => AnswerPiece::CallStart { index, name },
         Piece::CallArgs { index, fragment } => AnswerPiece::CallArgs { index, fragment },
+    }
+}
+
+fn from_harmony(p: HarmonyPiece) -> AnswerPiece {
+    match p {
+        HarmonyPiece::Reasoning(t) => AnswerPiece::Reasoning(t),
+        HarmonyPiece::Text(t) => AnswerPiece::Text(t),
+        HarmonyPiece::CallStart { index, name } => AnswerPiece::CallStart { index, name },
+        HarmonyPiece::CallArgs { index, fragment } => AnswerPiece::CallArgs { index, fragment },
     }
 }
 
@@ -157,6 +184,17 @@ mod tests {
         assert_eq!(a.text, None);
         assert_eq!(a.calls, vec![ParsedCall { name: "w".into(), arguments: "{\"c\": 1}".into() }]);
         assert_eq!(s.calls(), 1);
+    }
+
+    #[test]
+    fn harmony_output_reads_into_the_same_parts() {
+        let tools = ToolOutput { format: ToolFormat::fallback(), enforced: true };
+        let reading = Reading { tools: Some(tools), think: None, harmony: true };
+        let a = reading.read("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.w <|constrain|>json<|message|>{\"c\": 1}");
+        assert_eq!(a.reasoning.as_deref(), Some("Need weather."));
+        assert_eq!((a.text, a.calls), (None, vec![ParsedCall { name: "w".into(), arguments: "{\"c\": 1}".into() }]));
+        let a = Reading { harmony: true, ..Reading::default() }.read("<|channel|>final<|message|>Hi");
+        assert_eq!(a, Answer { reasoning: None, text: Some("Hi".into()), calls: vec![] });
     }
 
     #[test]

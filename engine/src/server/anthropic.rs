@@ -42,13 +42,14 @@ pub fn input(req: &MessagesRequest) -> Result<ChatInput, ApiError> {
     let effort = match req.thinking.as_ref().map(|t| t.get("type").and_then(Value::as_str)) {
         None => None,
         Some(Some("enabled")) => {
-            if req.thinking.as_ref().and_then(|t| t.get("budget_tokens")).is_some() {
+            let budget = req.thinking.as_ref().and_then(|t| t.get("budget_tokens"));
+            if budget.is_some() {
                 warnings.push(
                     "thinking budget not enforced: budget_tokens is accepted, max_tokens bounds the whole answer"
                         .into(),
                 );
             }
-            Some(Effort::Medium)
+            Some(budget_effort(budget.and_then(Value::as_u64)))
         }
         Some(Some("disabled")) => Some(Effort::None),
         _ => return Err(ApiError::invalid("thinking.type", "thinking.type must be \"enabled\" or \"disabled\"")),
@@ -71,12 +72,24 @@ pub fn input(req: &MessagesRequest) -> Result<ChatInput, ApiError> {
         logprobs: None,
         template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
         effort,
+        effort_field: "thinking.type",
         warnings,
     })
 }
 
+/// The effort a thinking budget stands for (models with reasoning levels, such as
+/// gpt-oss's "Reasoning: low|medium|high"): up to 4,096 tokens low, up to 16,384 medium,
+/// more high; no budget medium.
+fn budget_effort(budget: Option<u64>) -> Effort {
+    match budget {
+        Some(b) if b <= 4096 => Effort::Low,
+        Some(b) if b > 16_384 => Effort::High,
+        _ => Effort::Medium,
+    }
+}
+
 fn turn(role: &'static str, text: String) -> Turn {
-    Turn { role, text, calls: Vec::new(), tool_call_id: None }
+    Turn { role, text, calls: Vec::new(), tool_call_id: None, reasoning: None }
 }
 
 /// A string, or text blocks joined.
@@ -144,7 +157,11 @@ fn message(i: usize, m: &MessageParam, turns: &mut Vec<Turn>) -> Result<(), ApiE
                 let id = b.get("id").and_then(Value::as_str).map(str::to_owned);
                 current.calls.push((id, ParsedCall { name: name.to_owned(), arguments: input.to_string() }));
             }
-            ("assistant", Some("thinking" | "redacted_thinking")) => {}
+            ("assistant", Some("thinking")) => {
+                let t = b.get("thinking").and_then(Value::as_str).unwrap_or_default();
+                current.reasoning.get_or_insert_default().push_str(t);
+            }
+            ("assistant", Some("redacted_thinking")) => {}
             ("user", Some("tool_result")) => {
                 let id = b.get("tool_use_id").and_then(Value::as_str).map(str::to_owned);
                 let mut text = match b.get("content") {
@@ -157,7 +174,7 @@ fn message(i: usize, m: &MessageParam, turns: &mut Vec<Turn>) -> Result<(), ApiE
                 if !current.text.is_empty() {
                     turns.push(std::mem::replace(&mut current, turn(role, String::new())));
                 }
-                turns.push(Turn { role: "tool", text, calls: Vec::new(), tool_call_id: id });
+                turns.push(Turn { role: "tool", text, calls: Vec::new(), tool_call_id: id, reasoning: None });
             }
             (_, kind) => return Err(unsupported_block(&bat, kind)),
         }
@@ -367,5 +384,16 @@ impl Render for AnthropicRender {
         }
         let m = self.message(content, Some(stop_reason(o, made_calls)), usage(o));
         serde_json::to_string(&m).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thinking_budget_stands_for_an_effort() {
+        let e = [None, Some(1024), Some(4096), Some(4097), Some(16_384), Some(16_385)].map(budget_effort);
+        assert_eq!(e, [Effort::Medium, Effort::Low, Effort::Low, Effort::Medium, Effort::Medium, Effort::High]);
     }
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::chat::ChatMessage;
 use crate::tools::ParsedCall;
-use crate::tools::format::ToolFormat;
+use crate::tools::format::{Syntax, ToolFormat};
 use crate::tools::prompt::tool_response;
 
 /// One message after validation.
@@ -26,6 +26,8 @@ pub struct Turn {
     /// Assistant turns: calls made, with the client's ids.
     pub calls: Vec<(Option<String>, ParsedCall)>,
     pub tool_call_id: Option<String>,
+    /// Assistant turns: the reasoning the client sent back with it.
+    pub reasoning: Option<String>,
 }
 
 pub fn turns(messages: &[MessageIn]) -> Result<Vec<Turn>, ApiError> {
@@ -61,7 +63,8 @@ fn turn(i: usize, m: &MessageIn) -> Result<Turn, ApiError> {
         };
         calls.push((c.id.clone(), ParsedCall { name: c.function.name.clone(), arguments: args.to_string() }));
     }
-    Ok(Turn { role, text: text(i, &m.content)?, calls, tool_call_id: m.tool_call_id.clone() })
+    let reasoning = m.reasoning_content.clone().filter(|r| role == "assistant" && !r.is_empty());
+    Ok(Turn { role, text: text(i, &m.content)?, calls, tool_call_id: m.tool_call_id.clone(), reasoning })
 }
 
 fn text(i: usize, content: &Option<Content>) -> Result<String, ApiError> {
@@ -94,9 +97,14 @@ fn text(i: usize, content: &Option<Content>) -> Result<String, ApiError> {
 /// (one is created when the conversation has none).
 pub fn template_messages(turns: &[Turn], fmt: &ToolFormat, system: &[String]) -> Vec<ChatMessage> {
     let mut out: Vec<ChatMessage> = Vec::with_capacity(turns.len() + 1);
-    for t in turns {
+    for (i, t) in turns.iter().enumerate() {
         if fmt.native {
-            out.push(native(t));
+            let mut m = native(t);
+            if fmt.syntax == Syntax::Harmony && t.role == "tool" {
+                // Harmony names the tool a result comes from: the call with its id.
+                m.name = called(&turns[..i], t.tool_call_id.as_deref());
+            }
+            out.push(m);
         } else if t.role == "tool" {
             let text = tool_response(&t.text);
             // Results of parallel calls share one user turn.
@@ -148,13 +156,22 @@ fn native(t: &Turn) -> ChatMessage {
         );
     }
     m.tool_call_id = t.tool_call_id.clone();
+    m.thinking = t.reasoning.clone();
     m
+}
+
+/// The name of the tool that the call with `id` (the latest call, without one) named.
+fn called(before: &[Turn], id: Option<&str>) -> Option<String> {
+    let mut calls = before.iter().rev().flat_map(|t| t.calls.iter().rev());
+    match id {
+        Some(id) => calls.find(|(cid, _)| cid.as_deref() == Some(id)).map(|(_, c)| c.name.clone()),
+        None => calls.next().map(|(_, c)| c.name.clone()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::format::Syntax;
 
     fn msgs(json: &str) -> Vec<MessageIn> {
         serde_json::from_str(json).unwrap()
@@ -251,6 +268,27 @@ mod tests {
             out,
             r#"<user:Weather in Paris and Rome?>[<tool_call>{"city": "Paris"}<tool_call>{"city": "Rome"}]<tool:18C><tool:24C>"#
         );
+    }
+
+    #[test]
+    fn harmony_results_name_their_tool_and_calls_keep_their_reasoning() {
+        let mut history = turns(&msgs(HISTORY)).unwrap();
+        history[1].reasoning = Some("Two cities.".into());
+        history[1].calls[1].1.name = "get_time".into();
+        history.swap(2, 3); // results out of order: each still finds its call by id
+        let fmt = ToolFormat { syntax: Syntax::Harmony, native: true, marker_token: None };
+        let out = template_messages(&history, &fmt, &[]);
+        assert_eq!(out[1].thinking.as_deref(), Some("Two cities."));
+        let named = |m: &ChatMessage| (m.tool_call_id.clone(), m.name.clone());
+        assert_eq!(named(&out[2]), (Some("c2".into()), Some("get_time".into())));
+        assert_eq!(named(&out[3]), (Some("c1".into()), Some("get_weather".into())));
+        let ids = [None, Some("c1"), Some("nope")].map(|id| called(&history[..2], id));
+        assert_eq!(ids, [Some("get_time".to_owned()), Some("get_weather".to_owned()), None]);
+        // Other native formats keep the message as the client sent it.
+        let hermes = ToolFormat { syntax: Syntax::Hermes, native: true, marker_token: None };
+        assert_eq!(template_messages(&history, &hermes, &[])[2].name, None);
+        let m: Vec<MessageIn> = msgs(r#"[{"role":"assistant","content":"x","reasoning_content":"r"}]"#);
+        assert_eq!(turns(&m).unwrap()[0].reasoning.as_deref(), Some("r"));
     }
 
     #[test]

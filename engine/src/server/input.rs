@@ -18,7 +18,7 @@ use crate::chat::ChatMessage;
 use crate::grammar::{Constraint, Grammar};
 use crate::reasoning::{self, Effort};
 use crate::tools::ToolRequest;
-use crate::tools::format::ToolFormat;
+use crate::tools::format::{Syntax, ToolFormat};
 use crate::tools::grammar::tool_grammar;
 use crate::tools::prompt::fallback_system;
 
@@ -35,6 +35,8 @@ pub struct ChatInput {
     pub template_kwargs: Map<String, Value>,
     /// How hard the request asks the model to reason.
     pub effort: Option<Effort>,
+    /// The request field that set `effort`, for a 400 about it.
+    pub effort_field: &'static str,
     /// Parts of the request that are accepted but not honoured (Warning headers).
     pub warnings: Vec<String>,
 }
@@ -70,6 +72,7 @@ pub fn from_openai(req: &ChatCompletionRequest) -> Result<ChatInput, ApiError> {
         logprobs,
         template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
         effort: effort("reasoning_effort", req.reasoning_effort.as_deref())?,
+        effort_field: "reasoning_effort",
         warnings: Vec::new(),
     })
 }
@@ -101,9 +104,13 @@ pub(super) fn prepare(
     if input.turns.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
-    let ChatInput { turns, tools, constraint, sampling, logprobs, mut template_kwargs, effort, warnings } = input;
+    let ChatInput { turns, tools, constraint, sampling, logprobs, mut template_kwargs, effort, effort_field, warnings } =
+        input;
+    let harmony = fmt.syntax == Syntax::Harmony;
     let grammar = match (&tools, &constraint) {
         (Some(t), c) => Some(tool_grammar(fmt, t, c.as_ref())),
+        // Harmony's answer is a message: the constraint applies to its body.
+        (None, Some(c)) if harmony => Some(crate::harmony::grammar::grammar(None, Some(c))),
         (None, Some(c)) => Some(TopLevelGrammar::from_grammar(c.grammar("answer"))),
         (None, None) => None,
     };
@@ -144,6 +151,17 @@ pub(super) fn prepare(
     if let Some(on) = reasoning::enable_thinking(explicit, effort, thinking) {
         template_kwargs.insert("enable_thinking".into(), Value::Bool(on));
     }
+    if let Some(e) = effort.filter(|_| harmony) {
+        // Harmony always reasons; the effort is the system message's "Reasoning: <level>"
+        // (gpt-oss's template reads `reasoning_effort`; an explicit kwarg wins).
+        let level = crate::harmony::effort_level(e).ok_or_else(|| {
+            ApiError::invalid(
+                effort_field,
+                format!("this model always reasons (harmony format): {effort_field} must be low, medium or high"),
+            )
+        })?;
+        template_kwargs.entry("reasoning_effort").or_insert_with(|| Value::from(level));
+    }
     let messages = conversation::template_messages(&turns, fmt, &system);
     Ok(Prepared { messages, tools_json, template_kwargs, tools, compiled, sampling, logprobs, warnings })
 }
@@ -164,6 +182,7 @@ pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize
         None => {}
     }
     v.reading = Reading {
+        harmony: fmt.syntax == Syntax::Harmony,
         tools: p.tools.map(|_| ToolOutput { format: fmt.clone(), enforced }),
         think: engine
             .template
@@ -173,4 +192,34 @@ pub fn chat(input: ChatInput, engine: &Engine, d: &EffectiveDefaults, ctx: usize
     };
     v.rendered = Some(text);
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatTemplate;
+
+    /// The built-in harmony template, fed by the same request path as a real request,
+    /// renders what llama.cpp renders from gpt-oss's own template
+    /// (`scripts/models/oracle/harmony`), today's date aside.
+    #[test]
+    fn the_builtin_harmony_template_renders_as_gpt_oss_own_does() {
+        let doc: Value = serde_json::from_str(include_str!("../../tests/fixtures/harmony-template.json")).unwrap();
+        let builtin = crate::harmony::template::builtin();
+        let t = ChatTemplate::new(None, Some(builtin), "<|startoftext|>", "<|return|>", false).unwrap();
+        let fmt = ToolFormat::detect(Some(t.text()), |_| None);
+        let undated = |s: &str| {
+            let at = s.find("Current date: ").expect("a date") + "Current date: ".len();
+            format!("{}{}", &s[..at], &s[at + "YYYY-MM-DD".len()..])
+        };
+        let cases = doc["cases"].as_array().unwrap();
+        assert!(cases.len() >= 6);
+        for c in cases {
+            let req: ChatCompletionRequest = serde_json::from_value(c["request"].clone()).unwrap();
+            let input = from_openai(&req).unwrap();
+            let p = prepare(input, &fmt, None, |_, _| Err("not compiled in this test".into())).unwrap();
+            let ours = t.render_with(&p.messages, p.tools_json.as_ref(), true, &p.template_kwargs).unwrap();
+            assert_eq!(undated(&ours), undated(c["prompt"].as_str().unwrap()), "{}", c["name"]);
+        }
+    }
 }

@@ -66,12 +66,13 @@ pub fn input(req: &ResponsesRequest, history_expanded: bool) -> Result<ChatInput
         logprobs: None,
         template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
         effort: effort("reasoning.effort", reasoning)?,
+        effort_field: "reasoning.effort",
         warnings: Vec::new(),
     })
 }
 
 fn turn(role: &'static str, text: String) -> Turn {
-    Turn { role, text, calls: Vec::new(), tool_call_id: None }
+    Turn { role, text, calls: Vec::new(), tool_call_id: None, reasoning: None }
 }
 
 fn input_item(i: usize, item: &Value, turns: &mut Vec<Turn>) -> Result<(), ApiError> {
@@ -102,7 +103,7 @@ fn input_item(i: usize, item: &Value, turns: &mut Vec<Turn>) -> Result<(), ApiEr
             // Calls join the assistant turn they follow.
             match turns.last_mut() {
                 Some(t) if t.role == "assistant" => t.calls.push(call),
-                _ => turns.push(Turn { role: "assistant", text: String::new(), calls: vec![call], tool_call_id: None }),
+                _ => turns.push(Turn { calls: vec![call], ..turn("assistant", String::new()) }),
             }
         }
         Some("function_call_output") => {
@@ -111,12 +112,7 @@ fn input_item(i: usize, item: &Value, turns: &mut Vec<Turn>) -> Result<(), ApiEr
                 Some(v @ Value::Array(_)) => content_text(&format!("{at}.output"), Some(v))?,
                 _ => return Err(ApiError::invalid(&format!("{at}.output"), "a function_call_output needs output")),
             };
-            turns.push(Turn {
-                role: "tool",
-                text: output,
-                calls: Vec::new(),
-                tool_call_id: field("call_id").map(str::to_owned),
-            });
+            turns.push(Turn { tool_call_id: field("call_id").map(str::to_owned), ..turn("tool", output) });
         }
         // Past reasoning is not fed back (as OpenAI's own models do without encryption).
         Some("reasoning") => {}

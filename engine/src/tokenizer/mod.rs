@@ -89,10 +89,11 @@ impl Tokenizer {
     pub fn from_gguf_cached(g: &Gguf, cache_dir: Option<&std::path::Path>) -> Result<Self> {
         let model = g.str("tokenizer.ggml.model")?;
         let texts: Vec<String> = g.str_array("tokenizer.ggml.tokens")?.into_iter().map(str::to_owned).collect();
-        let kinds: Vec<TokenKind> = match g.i32_array("tokenizer.ggml.token_type") {
+        let mut kinds: Vec<TokenKind> = match g.i32_array("tokenizer.ggml.token_type") {
             Ok(v) if v.len() == texts.len() => v.into_iter().map(TokenKind::from_gguf).collect(),
             _ => vec![TokenKind::Normal; texts.len()],
         };
+        let harmony_end = harmony_overrides(&texts, &mut kinds);
         // llama.cpp's defaults: SentencePiece adds BOS; a gpt2 vocabulary's pre-tokenizer
         // says (Llama 3 and Tekken do), and ChatGLM's has no BOS at all.
         let (inner, pieces, default_add_bos, no_bos) = match model {
@@ -125,6 +126,9 @@ impl Tokenizer {
             if kinds[i] == TokenKind::Control && EOG_TEXTS.contains(&t.as_str()) {
                 eog.insert(i as u32);
             }
+        }
+        if let Some(end) = harmony_end {
+            eog.remove(&end);
         }
         let fingerprint = fingerprint(model, &texts, &kinds, g);
         Ok(Self { inner, unparsed: OnceLock::new(), pieces, texts, kinds, bos, eos, add_bos, eog, fingerprint })
@@ -215,6 +219,26 @@ impl Tokenizer {
     pub fn fingerprint(&self) -> u64 {
         self.fingerprint
     }
+}
+
+/// gpt-oss's harmony tokens as llama.cpp loads them (`llama_vocab::impl::load`): the
+/// message-structure tokens `<|channel|>`, `<|message|>`, `<|start|>` and `<|constrain|>`
+/// become user-defined in any vocabulary, so generated text shows them and they are matched
+/// in text even when special tokens are not parsed; and where `<|return|>`, `<|call|>` and
+/// `<|end|>` all end generation, `<|end|>` does not (it ends one message of several) and is
+/// user-defined too. Returns that `<|end|>`'s id, to keep it out of the end-of-generation set.
+fn harmony_overrides(texts: &[String], kinds: &mut [TokenKind]) -> Option<u32> {
+    let find = |t: &str| texts.iter().position(|x| x == t);
+    for t in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
+        if let Some(i) = find(t) {
+            kinds[i] = TokenKind::UserDefined;
+        }
+    }
+    let control = |i: Option<usize>| i.filter(|&i| kinds[i] == TokenKind::Control);
+    let (ret, call, end) = (control(find("<|return|>")), control(find("<|call|>")), control(find("<|end|>")));
+    let end = ret.and(call).and(end)?;
+    kinds[end] = TokenKind::UserDefined;
+    Some(end as u32)
 }
 
 /// Which special tokens swallow the whitespace after them. llama.cpp sets this by model

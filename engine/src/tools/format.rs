@@ -8,6 +8,9 @@
 //! - Mistral: the `[TOOL_CALLS]` control token, then a JSON array of
 //!   `{"name": …, "arguments": …}`.
 //!
+//! - Harmony (gpt-oss): a message addressed to `functions.NAME` whose body is the
+//!   arguments; read and enforced by `crate::harmony`, not here.
+//!
 //! Control tokens render as no text, so the parsers see only the JSON after them.
 
 use super::ParsedCall;
@@ -17,6 +20,7 @@ pub enum Syntax {
     Hermes,
     Llama3,
     Mistral,
+    Harmony,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +42,9 @@ impl ToolFormat {
     pub fn detect(template: Option<&str>, token_id: impl Fn(&str) -> Option<u32>) -> Self {
         let t = template.unwrap_or("");
         let reads_tools = t.contains("tools");
-        let (syntax, native) = if t.contains(HERMES_OPEN) {
+        let (syntax, native) = if crate::harmony::speaks(t) {
+            (Syntax::Harmony, true)
+        } else if t.contains(HERMES_OPEN) {
             (Syntax::Hermes, reads_tools)
         } else if t.contains("[TOOL_CALLS]") {
             (Syntax::Mistral, reads_tools)
@@ -65,6 +71,7 @@ impl ToolFormat {
             (Syntax::Hermes, true) => "hermes",
             (Syntax::Llama3, _) => "llama3",
             (Syntax::Mistral, _) => "mistral",
+            (Syntax::Harmony, _) => "harmony",
         }
     }
 
@@ -72,7 +79,7 @@ impl ToolFormat {
     pub fn arguments_key(&self) -> &'static str {
         match self.syntax {
             Syntax::Llama3 => "parameters",
-            Syntax::Hermes | Syntax::Mistral => "arguments",
+            Syntax::Hermes | Syntax::Mistral | Syntax::Harmony => "arguments",
         }
     }
 
@@ -89,6 +96,10 @@ impl ToolFormat {
             Syntax::Hermes => format!("{HERMES_OPEN}\n{object}\n{HERMES_CLOSE}"),
             Syntax::Llama3 => object,
             Syntax::Mistral => format!("[{object}]"),
+            Syntax::Harmony => format!(
+                "<|start|>assistant to=functions.{}<|channel|>commentary json<|message|>{}<|call|>",
+                call.name, call.arguments
+            ),
         }
     }
 
@@ -131,6 +142,8 @@ mod tests {
         assert_eq!(ToolFormat::detect(Some(SMOLLM), none), ToolFormat::fallback());
         assert_eq!(ToolFormat::detect(None, none), ToolFormat::fallback());
         assert_eq!(ToolFormat::fallback().name(), "fallback");
+        let f = ToolFormat::detect(Some(crate::harmony::template::builtin().text), none);
+        assert_eq!((f.syntax, f.native, f.name()), (Syntax::Harmony, true, "harmony"));
     }
 
     #[test]

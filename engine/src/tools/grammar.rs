@@ -16,6 +16,9 @@ use crate::grammar::{Constraint, lark_literal, with_json_layout};
 /// The grammar for `req` in format `fmt`; `answer` constrains a non-call answer under
 /// `auto`.
 pub fn tool_grammar(fmt: &ToolFormat, req: &ToolRequest, answer: Option<&Constraint>) -> TopLevelGrammar {
+    if fmt.syntax == Syntax::Harmony {
+        return crate::harmony::grammar::grammar(Some(req), answer);
+    }
     let mut grammars = vec![GrammarWithLexer::default()];
     let mut bodies = Vec::new();
     for (i, tool) in req.tools.iter().enumerate() {
@@ -65,6 +68,7 @@ pub fn tool_grammar(fmt: &ToolFormat, req: &ToolRequest, answer: Option<&Constra
                 (true, None) => "start: FREE | call\nFREE: /[^{](?s:.*)/\n".to_owned(),
             });
         }
+        Syntax::Harmony => unreachable!("harmony's grammar is built above"),
         Syntax::Mistral => {
             let marker = fmt.marker_token.map(|id| format!("<[{id}]> ")).unwrap_or_default();
             let more = if req.parallel { " (\", \" body)*" } else { "" };

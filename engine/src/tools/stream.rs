@@ -59,7 +59,8 @@ pub struct ToolStream {
 impl ToolStream {
     pub fn new(fmt: ToolFormat, enforced: bool) -> Self {
         let state = match fmt.syntax {
-            Syntax::Hermes => State::Text,
+            // Harmony output is read by `crate::harmony::parse`, never here.
+            Syntax::Hermes | Syntax::Harmony => State::Text,
             Syntax::Llama3 | Syntax::Mistral => State::Start,
         };
         Self { fmt, enforced, state, held: String::new(), calls: 0, after_call: false, sent_args: String::new() }
@@ -160,7 +161,7 @@ impl ToolStream {
     /// The text that ends a call: Hermes' closer, the object's brace, the array's bracket.
     fn closer(&self) -> String {
         match self.fmt.syntax {
-            Syntax::Hermes => format!("}}\n{HERMES_CLOSE}"),
+            Syntax::Hermes | Syntax::Harmony => format!("}}\n{HERMES_CLOSE}"),
             Syntax::Llama3 => "}".into(),
             Syntax::Mistral => "}]".into(),
         }
@@ -250,7 +251,7 @@ impl ToolStream {
     /// leniently; what does not parse is content.
     fn unparsed_call(&mut self, out: &mut Vec<Piece>, last: bool) -> bool {
         let (raw, rest) = match self.fmt.syntax {
-            Syntax::Hermes => match self.held.find(HERMES_CLOSE) {
+            Syntax::Hermes | Syntax::Harmony => match self.held.find(HERMES_CLOSE) {
                 Some(at) => (self.held[..at].to_owned(), self.held[at + HERMES_CLOSE.len()..].to_owned()),
                 None if last => (std::mem::take(&mut self.held), String::new()),
                 None => return false,
@@ -274,7 +275,7 @@ impl ToolStream {
                     Syntax::Hermes if rest.is_empty() && last && !raw.contains(HERMES_CLOSE) => {
                         format!("{HERMES_OPEN}{raw}")
                     }
-                    Syntax::Hermes => format!("{HERMES_OPEN}{raw}{HERMES_CLOSE}"),
+                    Syntax::Hermes | Syntax::Harmony => format!("{HERMES_OPEN}{raw}{HERMES_CLOSE}"),
                     _ => raw,
                 };
                 self.after_call = false;

@@ -86,6 +86,10 @@ pub struct MessageIn {
     /// `role: "tool"`: which call this is the result of.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// Assistant turns: the reasoning this API returned with it (fed back to templates
+    /// that render it, as gpt-oss's does before a call).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
