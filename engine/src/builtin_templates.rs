@@ -94,8 +94,7 @@ pub fn choose(arch: Arch, has_token: impl Fn(&str) -> bool) -> Option<Builtin> {
         Arch::Llama if has_token("<|start_header_id|>") && has_token("<|eot_id|>") => Some(LLAMA3),
         Arch::Llama if has_token("<|im_start|>") => Some(CHATML),
         Arch::Llama => None,
-        // gpt-oss's format (harmony) is not built in here: its files carry their template.
-        Arch::GptOss => None,
+        Arch::GptOss => Some(crate::harmony::template::builtin()),
     }
 }
 

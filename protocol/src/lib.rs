@@ -34,6 +34,7 @@ pub fn builtin_template(arch: &str) -> Option<&'static str> {
         "qwen2" | "qwen3" | "qwen3moe" => Some("chatml"),
         "mistral3" => Some("mistral-v7-tekken"),
         "phi3" => Some("phi3"),
+        "gpt-oss" => Some("harmony"),
         _ => None,
     }
 }

@@ -24,7 +24,8 @@ vocabulary (a llama.cpp vocab-only file, named by `vocab`):
              cross it) with full attention, 8 heads of 64, Q/K/V and output biases, a sink
              logit per head, YaRN 32 over an original context of 4,096, 8 MXFP4 experts
              (whatever --type says) of which 4 are used, 256 wide, with biases, an f32 router
-             with a bias, an output matrix, qwen2 (standing in for o200k_harmony).
+             with a bias, an output matrix, o200k_harmony (scripts/models/vocab-o200k: gpt-oss's
+             own vocabulary, so the file gets the harmony template).
 
 The same families at the shapes of the released models people download, `<family>-<size>`
 (values from each model's config.json; the weights are noise, so only shapes, rotary
@@ -76,7 +77,7 @@ PRESETS = {
     "qwen3moe": dict(arch="qwen3moe", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512,
                      experts=(16, 4, 256), vocab="qwen2", rope=1e6, ctx=40960, tied=True),
     "gpt-oss": dict(arch="gpt-oss", hidden=256, layers=4, heads=8, kv_heads=2, head_dim=64, ffn=256,
-                    experts=(8, 4, 256), vocab="qwen2", rope=150000.0, ctx=131072, window=16, bias=True,
+                    experts=(8, 4, 256), vocab="o200k-harmony", rope=150000.0, ctx=131072, window=16, bias=True,
                     scaling=("yarn", 32.0, 4096)),
     "llama3-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab="llama-bpe",
                       rope=500000.0, ctx=131072, rope_freqs=(32.0, 1.0, 4.0, 8192), tied=True),
@@ -94,7 +95,7 @@ PRESETS = {
     "qwen3moe-30b-a3b": dict(arch="qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
                              experts=(128, 8, 768), vocab="qwen2", rope=1e6, ctx=40960),
     "gpt-oss-20b": dict(arch="gpt-oss", hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64, ffn=2880,
-                        experts=(32, 4, 2880), vocab=201088, rope=150000.0, ctx=131072, window=128, bias=True,
+                        experts=(32, 4, 2880), vocab="o200k-harmony", rope=150000.0, ctx=131072, window=128, bias=True,
                         scaling=("yarn", 32.0, 4096)),
 }
 
