@@ -5,8 +5,8 @@
 //! decoded under the harmony grammar and read back on all three APIs (the same text
 //! gives the same calls and reasoning everywhere), reasoning split out of `analysis`.
 //!
-//! The model is make-gguf's `gpt-oss` preset at Q4_0 (gpt-oss's graph, MXFP4 experts), kept as
-//! `<models dir>/generated/gpt-oss-q4_0.gguf` (made here when missing, from
+//! The model is make-gguf's `qwen2` preset with `--vocab o200k-harmony`, kept as
+//! `<models dir>/generated/qwen2-o200k-harmony-q4_0.gguf` (made here when missing, from
 //! scripts/models/vocab-o200k's vocabulary; without that the tests print `skipped:`
 //! unless CORRAL_REQUIRE_GENERATED=1). Its weights are noise, so what it writes is steered
 //! with the grammar and `logit_bias`: after `<|channel|>` the grammar allows `analysis`,
@@ -26,7 +26,7 @@ const FINAL: &str = "17196";
 const MARKERS: [&str; 5] = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"];
 
 fn model() -> Option<PathBuf> {
-    let path = models_dir().join("generated/gpt-oss-q4_0.gguf");
+    let path = models_dir().join("generated/qwen2-o200k-harmony-q4_0.gguf");
     if path.is_file() {
         return Some(path);
     }
@@ -37,7 +37,7 @@ fn model() -> Option<PathBuf> {
     std::fs::create_dir_all(path.parent().expect("a dir")).expect("creates the models dir");
     let made = std::process::Command::new("python3")
         .args([&format!("{root}/scripts/models/make-gguf"), own.to_str().unwrap()])
-        .args(["--preset", "gpt-oss", "--type", "q4_0", "--jobs", "1"])
+        .args(["--preset", "qwen2", "--vocab", "o200k-harmony", "--type", "q4_0", "--jobs", "1"])
         .output()
         .expect("python3 runs");
     if made.status.success() {
