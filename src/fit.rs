@@ -2,7 +2,11 @@
 //! header and tensor table only (no weights are loaded), then prints the weight bytes,
 //! the KV bytes per token, the largest context that fits the memory budget, and a decode
 //! rate estimate from this machine's measured memory bandwidth (decode reads every
-//! weight once per token, so bandwidth ÷ weight bytes bounds it).
+//! weight once per token, so bandwidth ÷ weight bytes bounds it). A mixture of experts
+//! reads only the experts a token is routed to: its bound divides by the active bytes
+//! (everything but the expert stacks, plus `used / experts` of them), while memory holds
+//! all of them (the CPU engine reads an expert on first use, and over a session every
+//! expert is used; the GPU uploads them all).
 
 use std::path::PathBuf;
 
@@ -32,6 +36,8 @@ pub struct FitArgs {
 #[derive(Debug, PartialEq)]
 pub struct Fit {
     pub weight_bytes: u64,
+    /// Weight bytes one decoded token reads (`weight_bytes` for a dense model).
+    pub active_bytes: u64,
     pub kv_bytes_per_token: u64,
     /// Positions the budget holds after the weights (whole KV, one sequence).
     pub max_context: u64,
@@ -39,15 +45,44 @@ pub struct Fit {
     pub decode_tok_s_bound: f64,
 }
 
-pub fn fit(weight_bytes: u64, kv_bytes_per_token: u64, budget: u64, ctx_train: u64, bandwidth: f64) -> Fit {
+/// Bytes of the expert stacks and the share of them a token reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Experts {
+    pub bytes: u64,
+    pub used: usize,
+    pub count: usize,
+}
+
+pub fn fit(
+    weight_bytes: u64,
+    experts: Option<Experts>,
+    kv_bytes_per_token: u64,
+    budget: u64,
+    ctx_train: u64,
+    bandwidth: f64,
+) -> Fit {
     let max_context = budget.saturating_sub(weight_bytes) / kv_bytes_per_token.max(1);
+    let active_bytes = match experts {
+        Some(e) => weight_bytes - e.bytes + e.bytes * e.used as u64 / e.count.max(1) as u64,
+        None => weight_bytes,
+    };
     Fit {
         weight_bytes,
+        active_bytes,
         kv_bytes_per_token,
         max_context,
         ctx_train,
-        decode_tok_s_bound: if weight_bytes == 0 { 0.0 } else { bandwidth / weight_bytes as f64 },
+        decode_tok_s_bound: if active_bytes == 0 { 0.0 } else { bandwidth / active_bytes as f64 },
     }
+}
+
+/// The expert stacks' bytes (`blk.N.ffn_*_exps.weight` and their biases).
+fn expert_bytes(g: &Gguf) -> u64 {
+    g.tensor_names()
+        .filter(|n| n.contains("_exps."))
+        .filter_map(|n| g.raw_stored(n).ok())
+        .map(|(b, _)| b.len() as u64)
+        .sum()
 }
 
 pub fn run(args: FitArgs) -> Result<()> {
@@ -57,11 +92,14 @@ pub fn run(args: FitArgs) -> Result<()> {
     let budget = args.memory_budget.map_or_else(corral_net::host::default_memory_budget, |gb| (gb * 1e9) as u64);
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let bandwidth = corral_engine::threads::read_bandwidth(threads);
-    let f = fit(g.file_len(), shape.bytes_per_token() as u64, budget, cfg.ctx_train as u64, bandwidth);
+    let experts = cfg.moe.map(|m| Experts { bytes: expert_bytes(&g), used: m.used, count: m.experts });
+    let (kv, ctx) = (shape.bytes_per_token() as u64, cfg.ctx_train as u64);
+    let f = fit(g.file_len(), experts, kv, budget, ctx, bandwidth);
     if args.json {
         println!(
             "{}",
             json!({"model": args.model, "arch": cfg.arch.name(), "weight_bytes": f.weight_bytes,
+                   "active_bytes_per_token": f.active_bytes,
                    "kv_bytes_per_token": f.kv_bytes_per_token, "memory_budget_bytes": budget,
                    "max_context_in_budget": f.max_context, "ctx_train": f.ctx_train,
                    "read_bandwidth_bytes_s": bandwidth, "threads": threads,
@@ -72,6 +110,15 @@ pub fn run(args: FitArgs) -> Result<()> {
     let gb = |b: f64| b / 1e9;
     println!("model            {} ({})", args.model.display(), cfg.arch.name());
     println!("weights          {:.3} GB", gb(f.weight_bytes as f64));
+    if let (Some(e), Some(m)) = (experts, cfg.moe) {
+        println!(
+            "experts          {:.3} GB in {} per layer, {} used per token: {:.3} GB read per token",
+            gb(e.bytes as f64),
+            m.experts,
+            m.used,
+            gb(f.active_bytes as f64)
+        );
+    }
     println!(
         "KV per token     {} bytes ({} layers x {} K+V floats, f16)",
         f.kv_bytes_per_token,
@@ -87,7 +134,7 @@ pub fn run(args: FitArgs) -> Result<()> {
     );
     println!("read bandwidth   {:.1} GB/s ({threads} threads, measured now)", gb(bandwidth));
     println!(
-        "decode bound     {:.0} tok/s (bandwidth / weight bytes; real decode reaches a fraction)",
+        "decode bound     {:.0} tok/s (bandwidth / bytes read per token; real decode reaches a fraction)",
         f.decode_tok_s_bound
     );
     Ok(())
@@ -95,12 +142,19 @@ pub fn run(args: FitArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::fit;
+    use super::{Experts, fit};
 
     #[test]
     fn the_budget_left_after_the_weights_is_context() {
-        let f = fit(1_000, 10, 11_000, 8192, 5_000.0);
-        assert_eq!((f.max_context, f.decode_tok_s_bound), (1_000, 5.0));
-        assert_eq!(fit(2_000, 10, 1_000, 8192, 1.0).max_context, 0, "weights over the budget");
+        let f = fit(1_000, None, 10, 11_000, 8192, 5_000.0);
+        assert_eq!((f.max_context, f.decode_tok_s_bound, f.active_bytes), (1_000, 5.0, 1_000));
+        assert_eq!(fit(2_000, None, 10, 1_000, 8192, 1.0).max_context, 0, "weights over the budget");
+    }
+
+    #[test]
+    fn experts_count_whole_in_memory_and_by_share_in_the_decode_bound() {
+        // 1,000 bytes of attention and the rest, 8,000 of experts of which 2 of 8 are read.
+        let f = fit(9_000, Some(Experts { bytes: 8_000, used: 2, count: 8 }), 10, 19_000, 8192, 6_000.0);
+        assert_eq!((f.max_context, f.active_bytes, f.decode_tok_s_bound), (1_000, 3_000, 2.0));
     }
 }
