@@ -68,7 +68,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         for chunk in prompt[..args.depth].chunks(corral_engine::generate::PREFILL_CHUNK) {
             engine.model.forward(chunk, &mut cache, Logits::Last)?;
         }
-        let mut tok = engine.tokenizer.bos().unwrap_or(prompt[0]);
+        let mut tok = engine.tokenizer.bos().or(prompt.first().copied()).unwrap_or(0);
         let t = Instant::now();
         for _ in 0..args.gen_tokens {
             let logits = engine.model.forward(&[tok], &mut cache, Logits::Last)?;
