@@ -203,15 +203,13 @@ impl ModelConfig {
     }
 
     /// Why `--device auto` keeps this model on the CPU: its family's CUDA path (Q/K/V
-    /// biases, head norms, fused weights, scaled rotary tables, the attention temperature)
-    /// has op and whole-model tests against the CPU that have not run on a GPU yet. An
-    /// explicit `--device cuda:N` runs it on the GPU — except gpt-oss, whose experts,
-    /// sinks and MXFP4 have no CUDA path (`cuda:N` refuses it at load).
+    /// biases, head norms, fused weights, scaled rotary tables, the attention temperature,
+    /// experts, gpt-oss's sinks and MXFP4) has op and whole-model tests against the CPU
+    /// that have not run on a GPU yet. An explicit `--device cuda:N` runs it on the GPU.
     /// `rope_freqs`: whether the file has Llama 3.1's frequency factors.
     pub fn gpu_unproven(&self, rope_freqs: bool) -> Option<String> {
         let scaled = rope_freqs || self.rope_scaling != RopeScaling::NONE || self.attn_temperature.is_some();
         match self.arch {
-            Arch::GptOss => Some("gpt-oss has no CUDA path yet (experts, sinks, MXFP4)".into()),
             Arch::Llama | Arch::Gemma3 if !scaled => None,
             a => Some(format!("{}'s CUDA path is not yet verified on a GPU", a.name())),
         }

@@ -57,7 +57,8 @@ def real_vocabulary(name):
     """(number of tokens, encoded tokenizer.* entries) of llama.cpp's vocab file `name`."""
     path = os.path.join(vocab_dir(), f"ggml-vocab-{name}.gguf")
     if not os.path.exists(path):
-        raise SystemExit(f"{path} is missing: run scripts/models/vocab (or set CORRAL_VOCAB_DIR)")
+        maker = "scripts/models/vocab-o200k" if name == "o200k-harmony" else "scripts/models/vocab"
+        raise SystemExit(f"{path} is missing: run {maker} (or set CORRAL_VOCAB_DIR)")
     meta = gguf_metadata(path)
     _, _, tokens = meta["tokenizer.ggml.tokens"]
     (n,) = struct.unpack_from("<Q", tokens, 4)

@@ -121,6 +121,11 @@ impl Backend for Cpu {
         Ok(())
     }
 
+    fn swiglu_oai(&self, g: &mut Vec<f32>, u: &Vec<f32>) -> Result<()> {
+        ops::swiglu_oai(g, u);
+        Ok(())
+    }
+
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<()> {
         ops::add_inplace(x, y);
         Ok(())

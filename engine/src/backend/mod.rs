@@ -30,6 +30,9 @@ pub enum Gate {
     Silu,
     /// GeGLU, tanh form (gemma).
     Gelu,
+    /// gpt-oss's SwiGLU-OAI (`kernels::ops::swiglu_oai`: the gate capped at 7, the up
+    /// value clamped to ±7, α 1.702, `(u + 1)`), its experts' activation.
+    SwigluOai,
 }
 
 /// The rotary embedding of a layer's queries and keys: head counts, which of the
@@ -74,6 +77,11 @@ pub trait Backend: Send + Sync + 'static {
     /// scaled table's terms here, so a decode step captured as a graph — which cannot
     /// upload — finds them even when a model's first pass is a single token).
     fn prepare_rope(&self, _angles: &RopeAngles<'_>) -> Result<()> {
+        Ok(())
+    }
+    /// Make a layer's attention sinks (`AttnSpec::sinks`) ready before any pass uses them
+    /// (the CUDA backend uploads them here, for the reason `prepare_rope` gives).
+    fn prepare_sinks(&self, _sinks: &[f32]) -> Result<()> {
         Ok(())
     }
     /// `begin` with rotary tables that may be scaled or carry frequency factors (Llama 3's
@@ -144,6 +152,7 @@ pub trait Backend: Send + Sync + 'static {
         match gate {
             Gate::Silu => self.silu_mul(&mut g, u)?,
             Gate::Gelu => self.gelu_mul(&mut g, u)?,
+            Gate::SwigluOai => self.swiglu_oai(&mut g, u)?,
         }
         self.matmul(p, w, &g)
     }
@@ -220,6 +229,7 @@ pub trait Backend: Send + Sync + 'static {
     fn moe(&self, p: &Self::Pass, x: &Self::Act, e: &Self::Experts) -> Result<Self::Act>;
     fn silu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn gelu_mul(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
+    fn swiglu_oai(&self, g: &mut Self::Act, u: &Self::Act) -> Result<()>;
     fn add(&self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
     /// Make every product with `m` add `b` where the backend can do it in the matmul
     /// itself (the CUDA GEMV's epilogue); `b` comes back where it cannot, for `add_bias`.

@@ -5,8 +5,8 @@
 //! layers over the whole context; the attention output's own bias; then
 //! `post_attention_norm` (despite its name, the FFN's pre-norm) and a mixture of experts
 //! (`MoeKind::GptOss`: router bias, top-k then softmax, expert biases, SwiGLU-OAI) in
-//! place of every MLP; an output matrix of its own. Written once over `Backend` ops; only
-//! the CPU backend has the experts and the sinks (the CUDA one refuses the model at load).
+//! place of every MLP; an output matrix of its own. Written once over `Backend` ops, run
+//! by the CPU and the CUDA backends alike.
 
 use crate::backend::batch::Row;
 use crate::backend::{Backend, Rotary};
@@ -25,8 +25,10 @@ struct Layer<B: Backend> {
     /// Q, K and V biases the backend did not take into the matmuls (`attach_bias`).
     bias: [Option<B::Vector>; 3],
     wo: B::Matrix,
-    wo_bias: B::Vector,
-    /// One logit per query head, read on the host: the attention kernels take them.
+    /// The output's bias where the backend did not take it into the matmul.
+    wo_bias: Option<B::Vector>,
+    /// One logit per query head, read on the host (a backend's kernels take their copy,
+    /// made at load by `prepare_sinks`).
     sinks: Vec<f32>,
     /// `post_attention_norm`: the norm before the experts.
     ffn_norm: B::Vector,
@@ -77,15 +79,19 @@ impl<B: Backend> GptOss<B> {
                     b.attach_bias(&mut wk, b.vector(g, &nb("attn_k"), kv)?)?,
                     b.attach_bias(&mut wv, b.vector(g, &nb("attn_v"), kv)?)?,
                 ];
+                let mut wo = b.matrix(g, &n("attn_output"), q, h)?;
+                let wo_bias = b.attach_bias(&mut wo, b.vector(g, &nb("attn_output"), h)?)?;
+                let sinks = g.f32_tensor(&n("attn_sinks"), cfg.n_heads)?;
+                b.prepare_sinks(&sinks)?;
                 Ok(Layer {
                     attn_norm: b.vector(g, &n("attn_norm"), h)?,
                     wq,
                     wk,
                     wv,
                     bias,
-                    wo: b.matrix(g, &n("attn_output"), q, h)?,
-                    wo_bias: b.vector(g, &nb("attn_output"), h)?,
-                    sinks: g.f32_tensor(&n("attn_sinks"), cfg.n_heads)?,
+                    wo,
+                    wo_bias,
+                    sinks,
                     ffn_norm: b.vector(g, &n("post_attention_norm"), h)?,
                     experts: b.experts(g, i, h, moe)?,
                     swa: cfg.is_swa[i],
@@ -132,7 +138,9 @@ impl<B: Backend> Architecture for GptOss<B> {
                 style: c.arch.rope_style(),
             };
             let mut o = b.rope_attend_matmul(&mut p, rows, il, (&mut q, &mut k, &v), rope, &spec, &l.wo)?;
-            b.add_bias(&mut o, &l.wo_bias)?;
+            if let Some(bias) = &l.wo_bias {
+                b.add_bias(&mut o, bias)?;
+            }
             b.add(&mut x, &o)?;
             ffn_out = Some(b.moe(&p, &b.rms_norm(&x, &l.ffn_norm, c.rms_eps)?, &l.experts)?);
         }

@@ -43,6 +43,7 @@ fn splits(long: bool, window: Option<usize>) -> usize {
 impl Gpu {
     /// Attention of the pass's queries (`[T][n_heads][head_dim]`) over their rows'
     /// mirrors for `layer` (after `kv_store`). Returns `[T][n_heads][head_dim]`.
+    /// `sinks`: the device address of `spec.sinks`' copy (`SinkTables`), 0 without.
     /// With `quant` (a Q8_0 / Q8_1 activation of `[T][n_heads * head_dim]`; only for a
     /// pass of decode rows, head_dim a multiple of 32) the output is also quantized into
     /// it, exactly as `quantize` would.
@@ -50,7 +51,7 @@ impl Gpu {
         &self,
         plan: &KvPlan,
         layer: usize,
-        q: &CudaSlice<f32>,
+        (q, sinks): (&CudaSlice<f32>, u64),
         spec: &AttnSpec,
         quant: Option<&mut DeviceAct>,
     ) -> Result<CudaSlice<f32>> {
@@ -58,8 +59,9 @@ impl Gpu {
         if hd > MAX_HEAD_DIM || !hd.is_multiple_of(8) || nkv == 0 || nh % nkv != 0 || q.len() != plan.total * nh * hd {
             return Err(cuda(format!("unsupported shape: {nh} heads, {nkv} kv heads, head_dim {hd}")));
         }
-        if spec.sinks.is_some() {
-            return Err(cuda("attention sinks (gpt-oss) have no CUDA kernel yet".into()));
+        if spec.sinks.map(|s| s.len()) != (sinks != 0).then_some(nh) {
+            let have = spec.sinks.map(|s| s.len());
+            return Err(cuda(format!("sinks {have:?} on the host, device copy {sinks:#x}, for {nh} heads")));
         }
         if let Some(a) = &quant {
             let fits = plan.n_tiles == 0 && hd.is_multiple_of(32) && a.format.block() == 32;
@@ -93,7 +95,7 @@ impl Gpu {
             };
             let mut b = self.stream.launch_builder(&f);
             b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-            b.arg(&plan.tiles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
+            b.arg(&plan.tiles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window).arg(&sinks);
             // SAFETY: as below; every tile is (first token, count) of one row's
             // consecutive tokens, and the shared memory is what the kernel lays out.
             unsafe { b.launch(cfg) }.map_err(drv("attention_tiled"))?;
@@ -127,9 +129,10 @@ impl Gpu {
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-        b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window);
+        b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window).arg(&sinks);
         b.arg(&qs).arg(&qd).arg(&qsum).arg(&with_sum).arg(&part_ptr);
-        // SAFETY: q and out hold total*nh*hd; every token's row mirror holds positions
+        // SAFETY: sinks is null or holds nh values (a device copy of `spec.sinks`, checked
+        // above); q and out hold total*nh*hd; every token's row mirror holds positions
         // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store);
         // a quantized output's arrays were sized for total rows of nh*hd (checked); the
         // split buffer holds total*nh*z*(hd+2) values.
@@ -143,7 +146,7 @@ impl Gpu {
             };
             let zi = z as i32;
             let mut b = self.stream.launch_builder(&f);
-            b.arg(&mut out).arg(&plan.tok_pos).arg(&plan.singles).arg(&hi).arg(&di).arg(&window).arg(&zi);
+            b.arg(&mut out).arg(&plan.tok_pos).arg(&plan.singles).arg(&hi).arg(&di).arg(&window).arg(&sinks).arg(&zi);
             b.arg(&part_ptr).arg(&qs).arg(&qd).arg(&qsum).arg(&with_sum);
             // SAFETY: as the launch above, with the same positions, window and split count.
             unsafe { b.launch(cfg) }.map_err(drv("attention_combine"))?;

@@ -28,7 +28,7 @@ impl ActFormat {
     pub fn for_weights(dtype: Stored) -> Option<Self> {
         use GgmlDType::*;
         match dtype {
-            Stored::Ggml(Q4_0 | Q5_0 | Q8_0) | Stored::Iq4Nl => Some(Self::Q8_0),
+            Stored::Ggml(Q4_0 | Q5_0 | Q8_0) | Stored::Iq4Nl | Stored::Mxfp4 => Some(Self::Q8_0),
             Stored::Ggml(Q4_1 | Q5_1) => Some(Self::Q8_1),
             Stored::Ggml(Q2K | Q3K | Q4K | Q5K | Q6K) | Stored::Iq4Xs => Some(Self::Q8K),
             Stored::Ggml(F16) => Some(Self::F32),
@@ -55,7 +55,7 @@ impl ActFormat {
 
 /// Every weight format with CUDA kernels, in the kernels' numbering (`type` in
 /// `gemv.cu` / `embed.cu`; the kernel name arrays of `gemv.rs` and `gemm.rs` follow it).
-pub(crate) const KERNEL_TYPES: [Stored; 14] = {
+pub(crate) const KERNEL_TYPES: [Stored; 15] = {
     use GgmlDType::*;
     [
         Stored::Ggml(Q4_0),
@@ -72,6 +72,7 @@ pub(crate) const KERNEL_TYPES: [Stored; 14] = {
         Stored::Iq4Xs,
         Stored::Ggml(F16),
         Stored::Ggml(BF16),
+        Stored::Mxfp4,
     ]
 };
 
@@ -116,6 +117,8 @@ mod tests {
         assert!(type_index(Stored::Ggml(GgmlDType::F32)).is_err());
         assert_eq!(ActFormat::for_weights(Stored::Iq4Xs), Some(ActFormat::Q8K));
         assert_eq!(ActFormat::for_weights(Stored::Iq4Nl), Some(ActFormat::Q8_0));
+        assert_eq!(ActFormat::for_weights(Stored::Mxfp4), Some(ActFormat::Q8_0));
+        assert!(gpu_unproven(Stored::Mxfp4));
         assert_eq!(ActFormat::for_weights(Stored::Ggml(GgmlDType::Q5_1)), Some(ActFormat::Q8_1));
         assert_eq!(ActFormat::for_weights(Stored::Ggml(GgmlDType::F16)), Some(ActFormat::F32));
         assert_eq!(ActFormat::for_weights(Stored::Ggml(GgmlDType::BF16)), Some(ActFormat::Bf16));

@@ -23,6 +23,7 @@ use super::kv::KvPlan;
 use super::moe::DeviceExperts;
 use super::ops::{ActFormat, DeviceAct, RopeSpec, ScaledRope};
 use super::rope::RopeTables;
+use super::sinks::SinkTables;
 use super::weights::{DeviceWeights, MatrixBytes};
 use crate::backend::batch::{Row, Spans, split};
 use crate::backend::{Backend, DeviceKind, Gate, Rotary};
@@ -40,6 +41,7 @@ pub struct CudaBackend {
     ordinal: usize,
     graphs: Arc<Mutex<Graphs>>,
     ropes: Arc<RopeTables>,
+    sinks: Arc<SinkTables>,
 }
 
 pub struct CudaPass {
@@ -70,7 +72,8 @@ impl CudaBackend {
     }
 
     fn on(gpu: Gpu, ordinal: usize) -> Self {
-        Self { gpu: Arc::new(gpu), ordinal, graphs: Arc::new(Graphs::new(graphs_wanted())), ropes: Arc::default() }
+        let graphs = Arc::new(Graphs::new(graphs_wanted()));
+        Self { gpu: Arc::new(gpu), ordinal, graphs, ropes: Arc::default(), sinks: Arc::default() }
     }
 
     /// One forward pass over `rows` by `forward` (the model's), a decode step through
@@ -110,6 +113,12 @@ impl CudaBackend {
         unsafe { self.gpu.stream.alloc(n) }.map_err(drv("alloc activations"))
     }
 
+    /// The queries with the device address of their heads' sinks (0 without).
+    fn with_sinks<'q>(&self, q: &'q CudaSlice<f32>, spec: &AttnSpec) -> Result<(&'q CudaSlice<f32>, u64)> {
+        let Some(sinks) = spec.sinks else { return Ok((q, 0)) };
+        Ok((q, self.sinks.get(&self.gpu, sinks)?))
+    }
+
     /// RoPE of the queries and keys, the keys and values stored (`rope_kv_store`).
     fn rope_store(
         &self,
@@ -137,12 +146,12 @@ impl CudaBackend {
         let format = Self::act_format(w)?;
         let decode_only = p.kv.n_tiles == 0 && p.runs.iter().all(|r| !r.1);
         if !(decode_only && format.block() == 32 && spec.head_dim.is_multiple_of(32)) {
-            let a = self.gpu.attention(&p.kv, layer, q, spec, None)?;
+            let a = self.gpu.attention(&p.kv, layer, self.with_sinks(q, spec)?, spec, None)?;
             let [y] = self.matmul_runs(&p.runs, [w], &a)?;
             return Ok(y);
         }
         let mut act = DeviceAct::alloc(&self.gpu, format, p.kv.total, w.k)?;
-        self.gpu.attention(&p.kv, layer, q, spec, Some(&mut act))?;
+        self.gpu.attention(&p.kv, layer, self.with_sinks(q, spec)?, spec, Some(&mut act))?;
         let [y] = self.matmul_acts(&p.runs, [w], &[(act, None)])?;
         Ok(y)
     }
@@ -259,6 +268,10 @@ impl Backend for CudaBackend {
         self.ropes.get(&self.gpu, angles, false).map(drop)
     }
 
+    fn prepare_sinks(&self, sinks: &[f32]) -> Result<()> {
+        self.sinks.get(&self.gpu, sinks).map(drop)
+    }
+
     fn embed(&self, p: &CudaPass, table: &DeviceWeights) -> Result<CudaSlice<f32>> {
         let mut out = self.alloc(p.kv.total * table.k)?;
         self.gpu.embed(table, &p.ids, &mut out)?;
@@ -364,7 +377,7 @@ impl Backend for CudaBackend {
         spec: &AttnSpec,
     ) -> Result<CudaSlice<f32>> {
         self.gpu.kv_store(&mut p.kv, layer, k, v)?;
-        self.gpu.attention(&p.kv, layer, q, spec, None)
+        self.gpu.attention(&p.kv, layer, self.with_sinks(q, spec)?, spec, None)
     }
 
     fn attend_matmul(
@@ -404,7 +417,7 @@ impl Backend for CudaBackend {
         spec: &AttnSpec,
     ) -> Result<CudaSlice<f32>> {
         self.rope_store(p, layer, (q, k, v), rope)?;
-        self.gpu.attention(&p.kv, layer, q, spec, None)
+        self.gpu.attention(&p.kv, layer, self.with_sinks(q, spec)?, spec, None)
     }
 
     fn silu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
@@ -413,6 +426,10 @@ impl Backend for CudaBackend {
 
     fn gelu_mul(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
         self.gpu.gelu_mul(g, u)
+    }
+
+    fn swiglu_oai(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
+        self.gpu.swiglu_oai(g, u)
     }
 
     fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {

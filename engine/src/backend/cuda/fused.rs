@@ -128,6 +128,7 @@ impl Gpu {
             match gate {
                 Gate::Gelu => self.gelu_mul(&mut act.d, u)?,
                 Gate::Silu => self.silu_mul(&mut act.d, u)?,
+                Gate::SwigluOai => self.swiglu_oai(&mut act.d, u)?,
             }
             return self.round_act(act);
         }
@@ -144,9 +145,15 @@ impl Gpu {
         let (block, with_sum, sums) = act.fused_args(&self.stream);
         let (qs, d) = (act.qs.device_ptr_mut(&self.stream).0, act.d.device_ptr_mut(&self.stream).0);
         // As `silu_mul`: ggml's exp on whole groups of 16 of the buffer, libm's on the tail.
-        let (nb, simd, gelu) = (int(nblocks)?, int(n & !15)?, i32::from(gate == Gate::Gelu));
+        let (nb, simd) = (int(nblocks)?, int(n & !15)?);
+        // `gate_val`'s kinds.
+        let kind: i32 = match gate {
+            Gate::Silu => 0,
+            Gate::Gelu => 1,
+            Gate::SwigluOai => 2,
+        };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(g).arg(u).arg(&nb).arg(&simd).arg(&gelu).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
+        b.arg(g).arg(u).arg(&nb).arg(&simd).arg(&kind).arg(&block).arg(&qs).arg(&d).arg(&sums).arg(&with_sum);
         // SAFETY: g and u hold n values; the activation arrays were sized for n values.
         unsafe { b.launch(cfg) }.map_err(drv("gate_quantize"))?;
         Ok(())

@@ -133,6 +133,7 @@ impl Gpu {
             "dequant_f16_iq4_xs",
             "dequant_f16_f16",
             "dequant_f16_bf16",
+            "dequant_f16_mxfp4",
         ];
         let f = self.function(&EMBED, names[type_index(w.dtype)?])?;
         let groups = (w.n * w.k / 8).div_ceil(256);

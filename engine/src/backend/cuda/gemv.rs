@@ -19,7 +19,7 @@ use super::weights::DeviceWeights;
 use crate::error::Result;
 
 // Kernel names in `KERNEL_TYPES` order.
-const ONE: [&str; 14] = [
+const ONE: [&str; 15] = [
     "gemv1_q4_0",
     "gemv1_q4_1",
     "gemv1_q5_0",
@@ -34,8 +34,9 @@ const ONE: [&str; 14] = [
     "gemv1_iq4_xs",
     "gemv1_f16",
     "gemv1_bf16",
+    "gemv1_mxfp4",
 ];
-const ONE_X3: [&str; 14] = [
+const ONE_X3: [&str; 15] = [
     "gemv1x3_q4_0",
     "gemv1x3_q4_1",
     "gemv1x3_q5_0",
@@ -50,8 +51,9 @@ const ONE_X3: [&str; 14] = [
     "gemv1x3_iq4_xs",
     "gemv1x3_f16",
     "gemv1x3_bf16",
+    "gemv1x3_mxfp4",
 ];
-const ROWS: [&str; 14] = [
+const ROWS: [&str; 15] = [
     "gemv_q4_0",
     "gemv_q4_1",
     "gemv_q5_0",
@@ -66,8 +68,9 @@ const ROWS: [&str; 14] = [
     "gemv_iq4_xs",
     "gemv_f16",
     "gemv_bf16",
+    "gemv_mxfp4",
 ];
-const ROWS_X3: [&str; 14] = [
+const ROWS_X3: [&str; 15] = [
     "gemv3_q4_0",
     "gemv3_q4_1",
     "gemv3_q5_0",
@@ -82,6 +85,7 @@ const ROWS_X3: [&str; 14] = [
     "gemv3_iq4_xs",
     "gemv3_f16",
     "gemv3_bf16",
+    "gemv3_mxfp4",
 ];
 
 /// One matrix of a `gemv3` launch (`Mat` in `gemv.cu`).

@@ -27,6 +27,7 @@ mod probe;
 pub mod programs;
 mod rope;
 mod runs;
+mod sinks;
 mod weights;
 
 #[cfg(test)]
@@ -39,6 +40,8 @@ mod tests_kv;
 mod tests_mmq;
 #[cfg(test)]
 mod tests_model;
+#[cfg(test)]
+mod tests_moe;
 #[cfg(test)]
 mod tests_ops;
 

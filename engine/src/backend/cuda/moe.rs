@@ -1,23 +1,28 @@
-//! A mixture of experts on the GPU (qwen3moe): the router, the chosen experts' SwiGLU
-//! MLPs and their weighted sum, every step on the device so a decode step stays one
+//! A mixture of experts on the GPU (qwen3moe, gpt-oss): the router, the chosen experts'
+//! gated MLPs and their weighted sum, every step on the device so a decode step stays one
 //! captured graph (no routing decision comes back to the host).
 //!
-//! - `moe_route` (`kernels/moe.cu`): each token's router logits, softmax, top `used`
-//!   and renormalized weights, in the CPU's arithmetic (`kernels::moe`'s `route`);
+//! - `moe_route` (`kernels/moe.cu`): each token's router logits (plus gpt-oss's router
+//!   bias), its top `used` experts and their weights, in the CPU's arithmetic
+//!   (`kernels::moe`'s `route`: softmax, top-k, renormalized; or gpt-oss's
+//!   `route_softmax_weight`: top-k of the logits, a softmax of those);
 //! - `moe_sort` orders the (token, slot) pairs by expert and cuts each expert's rows
 //!   into chunks of up to eight; `moe_gather` copies each pair's token row into that
 //!   order, which is quantized once;
 //! - the three expert stacks (`ffn_{gate,up,down}_exps`) are uploaded whole as matrices
 //!   of `experts * out` rows; `gemv_id_<type>` (`kernels/gemv_id.cu`) runs each chunk
 //!   against its expert's rows, the weights read once per chunk, each row in the GEMV's
-//!   own arithmetic (a row's result does not depend on the rows sharing its chunk);
-//! - `gate_quantize` forms SiLU(gate) * up and quantizes it for the down stack;
+//!   own arithmetic (a row's result does not depend on the rows sharing its chunk), and
+//!   gpt-oss's expert biases as the GEMV's epilogue (the chosen expert's row of each
+//!   stacked `[experts][out]` bias, ggml's `add_id`);
+//! - `gate_quantize` forms SiLU(gate) * up (gpt-oss: SwiGLU-OAI) and quantizes it for the
+//!   down stack;
 //! - `moe_sum` adds each token's slots in routing order, each product rounded first.
 //!
 //! Prefill takes the same chunked GEMV (an expert's weights are read once per eight of
 //! its rows; no grouped tensor-core MMQ yet).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
 use super::formats::type_index;
@@ -34,7 +39,7 @@ use candle_core::quantized::GgmlDType;
 const MAX_EXPERTS: usize = 512;
 
 // Kernel names in `KERNEL_TYPES` order.
-const ID: [&str; 14] = [
+const ID: [&str; 15] = [
     "gemv_id_q4_0",
     "gemv_id_q4_1",
     "gemv_id_q5_0",
@@ -49,37 +54,45 @@ const ID: [&str; 14] = [
     "gemv_id_iq4_xs",
     "gemv_id_f16",
     "gemv_id_bf16",
+    "gemv_id_mxfp4",
 ];
 
 /// One layer's router and expert stacks on the device.
 pub struct DeviceExperts {
     /// `[experts][hidden]`, f32.
     router: CudaSlice<f32>,
+    /// gpt-oss's `ffn_gate_inp.bias` (`[experts]`).
+    router_bias: Option<CudaSlice<f32>>,
     /// `ffn_gate_exps`, `ffn_up_exps` (`experts * width` rows of `hidden`) and
-    /// `ffn_down_exps` (`experts * hidden` rows of `width`).
+    /// `ffn_down_exps` (`experts * hidden` rows of `width`); gpt-oss's with their
+    /// `[experts][out]` biases attached (`DeviceWeights::bias`, one value a stacked row).
     stacks: [DeviceWeights; 3],
     moe: MoeConfig,
     hidden: usize,
 }
 
 impl DeviceExperts {
-    /// Layer `layer`'s router and experts, uploaded whole.
+    /// Layer `layer`'s router and experts, uploaded whole (with gpt-oss's biases).
     pub fn load(gpu: &Gpu, g: &Gguf, layer: usize, hidden: usize, moe: MoeConfig) -> Result<Self> {
         let n = |s: &str| format!("blk.{layer}.{s}.weight");
-        if moe.kind != MoeKind::Qwen3 {
-            let reason = format!("{:?} experts have no CUDA path yet: run the model with --device cpu", moe.kind);
-            return Err(Error::Tensor { name: n("ffn_gate_exps"), reason });
-        }
         let name = n("ffn_gate_inp");
         let bad = |name: &str, reason: String| Error::Tensor { name: name.to_owned(), reason };
         let dims = g.dims(&name)?;
         let (bytes, dtype) = g.raw_stored(&name)?;
-        if dims != [moe.experts, hidden] || dtype != Stored::Ggml(GgmlDType::F32) || moe.experts > MAX_EXPERTS {
-            let want = format!("an f32 [{}, {hidden}] router of at most {MAX_EXPERTS} experts", moe.experts);
+        let fits = moe.experts <= MAX_EXPERTS && (1..=moe.experts).contains(&moe.used) && hidden.is_multiple_of(16);
+        if dims != [moe.experts, hidden] || dtype != Stored::Ggml(GgmlDType::F32) || !fits {
+            let want = format!(
+                "an f32 [{}, {hidden}] router of at most {MAX_EXPERTS} experts, rows a multiple of 16, {} used",
+                moe.experts, moe.used
+            );
             return Err(bad(&name, format!("{dtype:?} {dims:?}, expected {want}")));
         }
         let router: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         let router = gpu.stream.clone_htod(&router).map_err(drv("upload router"))?;
+        let bias = |s: &str, len: usize| -> Result<CudaSlice<f32>> {
+            let v = g.f32_tensor(&format!("blk.{layer}.{s}.bias"), len)?;
+            gpu.stream.clone_htod(&v).map_err(drv("upload biases"))
+        };
         let stack = |s: &str, k: usize, out: usize| -> Result<DeviceWeights> {
             let name = n(s);
             let dims = g.dims(&name)?;
@@ -87,7 +100,11 @@ impl DeviceExperts {
                 return Err(bad(&name, format!("shape {dims:?}, expected [{}, {out}, {k}]", moe.experts)));
             }
             let (bytes, dtype) = g.raw_stored(&name)?;
-            DeviceWeights::upload(gpu, MatrixBytes { name: &name, dtype, bytes, k, n: moe.experts * out })
+            let mut w = DeviceWeights::upload(gpu, MatrixBytes { name: &name, dtype, bytes, k, n: moe.experts * out })?;
+            if moe.kind == MoeKind::GptOss {
+                w.bias = Some(bias(s, moe.experts * out)?);
+            }
+            Ok(w)
         };
         let stacks = [
             stack("ffn_gate_exps", hidden, moe.width)?,
@@ -97,7 +114,19 @@ impl DeviceExperts {
         for w in &stacks {
             type_index(w.dtype())?;
         }
-        Ok(Self { router, stacks, moe, hidden })
+        let router_bias = match moe.kind {
+            MoeKind::Qwen3 => None,
+            MoeKind::GptOss => Some(bias("ffn_gate_inp", moe.experts)?),
+        };
+        Ok(Self { router, router_bias, stacks, moe, hidden })
+    }
+
+    /// The experts' gated activation and `moe_route`'s kind.
+    fn gate_and_route(&self) -> (Gate, i32) {
+        match self.moe.kind {
+            MoeKind::Qwen3 => (Gate::Silu, 0),
+            MoeKind::GptOss => (Gate::SwigluOai, 1),
+        }
     }
 }
 
@@ -125,10 +154,14 @@ impl Gpu {
         let one = |threads: u32, blocks: usize| -> Result<LaunchConfig> {
             Ok(LaunchConfig { grid_dim: (int(blocks)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
         };
+        let (gate_kind, kind) = e.gate_and_route();
+        // The router's bias, or null.
+        let bias = e.router_bias.as_ref().map_or(0, |b| b.device_ptr(s).0);
         let mut b = s.launch_builder(&f);
-        b.arg(x).arg(&e.router).arg(&hi).arg(&ei).arg(&ui).arg(&mut ids).arg(&mut weights);
+        b.arg(x).arg(&e.router).arg(&bias).arg(&hi).arg(&ei).arg(&ui).arg(&kind).arg(&mut ids).arg(&mut weights);
         // SAFETY: x holds tokens*h values, the router experts*h (at most MAX_EXPERTS, the
-        // kernel's shared array); ids and weights hold tokens*used.
+        // kernel's shared array; h a multiple of 16) and its bias, if any, experts values;
+        // 1 <= used <= experts; ids and weights hold tokens*used.
         unsafe { b.launch(one(128, tokens)?) }.map_err(drv("moe_route"))?;
 
         let (mut pos, mut sorted, mut chunks) = (alloc_i(pairs)?, alloc_i(pairs)?, alloc_i(3 * max_chunks)?);
@@ -162,7 +195,7 @@ impl Gpu {
         }
         self.gemv_id(up_w, width, &ax, &chunks, &mut up)?;
         let mut ah = DeviceAct::alloc(self, act_of(down_w)?, pairs, width)?;
-        self.gate_quantize(&gate, &up, Gate::Silu, &mut ah)?;
+        self.gate_quantize(&gate, &up, gate_kind, &mut ah)?;
         let mut down = alloc_f(pairs * h)?;
         self.gemv_id(down_w, h, &ah, &chunks, &mut down)?;
 

@@ -360,6 +360,11 @@ impl Gpu {
         self.binary("gelu_mul", g, u)
     }
 
+    /// `g = swiglu_oai(g, u)` (gpt-oss's experts, `kernels::ops::swiglu_oai`).
+    pub fn swiglu_oai(&self, g: &mut CudaSlice<f32>, u: &CudaSlice<f32>) -> Result<()> {
+        self.binary("swiglu_oai", g, u)
+    }
+
     /// `x += y`.
     pub fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
         self.binary("add_inplace", x, y)

@@ -136,6 +136,12 @@ pub(super) fn random_weights(rng: &mut StdRng, dtype: Stored, n: usize, k: usize
                 out.extend(h(rng, 0.0001, 0.002));
                 bytes(rng, &mut out, 134);
             }
+            Stored::Mxfp4 => {
+                // E8M0 exponents 118..=122: half-scales 2^-10..2^-6 on values up to 12;
+                // now and then 1 (a subnormal scale), which the CPU reads exactly too.
+                out.push(if rng.random_range(0..64) == 0 { 1 } else { rng.random_range(118u8..=122) });
+                bytes(rng, &mut out, 16);
+            }
             Stored::Ggml(F16) => (0..32).for_each(|_| out.extend(h(rng, -0.1, 0.1))),
             Stored::Ggml(BF16) => (0..32)
                 .for_each(|_| out.extend(((rng.random_range(-0.1f32..0.1).to_bits() >> 16) as u16).to_le_bytes())),
@@ -191,7 +197,7 @@ pub(super) fn cpu_matmul(dtype: Stored, bytes: &[u8], x: &[f32], m: usize, k: us
 }
 
 /// Every format with CUDA kernels.
-pub(super) const TYPES: [Stored; 14] = super::formats::KERNEL_TYPES;
+pub(super) const TYPES: [Stored; 15] = super::formats::KERNEL_TYPES;
 
 /// Bound for every quantized GEMV: integer block sums are exact on both sides, only the
 /// order of the f32 block accumulation differs (measured ~1e-7).

@@ -2,6 +2,7 @@
 //! positions (uploaded from the host blocks) plus new tokens (stored on the device),
 //! GQA, a sliding window, and the staging copy that goes back to the host cache.
 
+use cudarc::driver::DevicePtr;
 use half::f16;
 
 use super::tests::{down, gpu, randn, rel_err, rng, up};
@@ -34,9 +35,16 @@ fn cuda_attention_over_the_device_kv() {
         (6, 2, 96, None),
         (4, 2, 128, Some(1000)),
     ];
-    for (heads, kv_heads, hd, window) in shapes {
+    // Each shape without and with a sink logit per head (gpt-oss), some above the
+    // scores' maximum and some below: in the one-query kernel, the split rows' combine,
+    // and both prefill kernels.
+    for ((heads, kv_heads, hd, window), with_sinks) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         let shape = KvShape { n_layers: 2, kv_dim: kv_heads * hd };
-        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window, sinks: None };
+        let sink_values: Vec<f32> = randn(&mut rng, heads, 2.0).iter().map(|s| s + 1.0).collect();
+        let sinks = with_sinks.then_some(&sink_values[..]);
+        let spec = AttnSpec { n_heads: heads, n_kv_heads: kv_heads, head_dim: hd, scale: 0.125, window, sinks };
+        let sinks_d = sinks.map(|s| up(g, s));
+        let sinks_at = sinks_d.as_ref().map_or(0, |s| s.device_ptr(&g.stream).0);
         // (committed positions, new tokens) per sequence: decode rows and a prefill row.
         // Prefill rows take the tiled kernel: query tiles (32, or 16 at head_dim 256)
         // ending mid-tile, key tiles of 32 starting before the window. The decode row
@@ -53,7 +61,7 @@ fn cuda_attention_over_the_device_kv() {
         let mut rows: Vec<(&mut SeqCache, usize)> = caches.iter_mut().zip(&plan).map(|(c, p)| (c, p.1)).collect();
         let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, layer, &up(g, &k), &up(g, &v)).expect("kv_store");
-        let got = down(g, &g.attention(&kv, layer, &up(g, &q), &spec, None).expect("attention"));
+        let got = down(g, &g.attention(&kv, layer, (&up(g, &q), sinks_at), &spec, None).expect("attention"));
         let stage: Vec<f16> = down(g, &kv.stage);
 
         let (mut want, mut at) = (Vec::new(), 0);
@@ -69,7 +77,8 @@ fn cuda_attention_over_the_device_kv() {
             assert_eq!(staged(1), rounded(&v[at * d..(at + n) * d]).as_slice(), "staged V");
             at += n;
         }
-        rel_err(&format!("attention {heads}/{kv_heads}x{hd} window {window:?}"), &got, &want, 2e-3);
+        let what = format!("attention {heads}/{kv_heads}x{hd} window {window:?} sinks {with_sinks}");
+        rel_err(&what, &got, &want, 2e-3);
     }
 }
 
@@ -88,7 +97,7 @@ fn cuda_attention_long_split_recomputes_scores() {
     let (k, v) = (randn(&mut rng, shape.kv_dim, 1.0), randn(&mut rng, shape.kv_dim, 1.0));
     let mut kv = g.plan_kv(&mut [(&mut c, 1)], hd).expect("plan");
     g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
-    let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec, None).expect("attention"));
+    let got = down(g, &g.attention(&kv, 0, (&up(g, &q), 0), &spec, None).expect("attention"));
     cpu.reserve(1);
     cpu.write(0, n, &k, &v);
     rel_err("attention after 70,000 positions", &got, &attention(&cpu, 0, n, &q, &spec), 2e-3);
@@ -121,7 +130,7 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
         let mut rows = [(&mut *c, 1)];
         let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
-        let got = down(g, &g.attention(&kv, 0, &up(g, &q), &spec, None).expect("attention"));
+        let got = down(g, &g.attention(&kv, 0, (&up(g, &q), 0), &spec, None).expect("attention"));
         host.reserve(1);
         host.write(0, n, &k, &v);
         c.reserve(1);
@@ -187,7 +196,7 @@ fn cuda_rope_kv_store_equals_rope_then_store() {
                 g.rope_qk((&mut qd, &mut kd), kv_heads, &kv.tok_pos, rope).expect("rope_qk");
                 g.kv_store(&mut kv, layer, &kd, &vd).expect("kv_store");
             }
-            let att = down(g, &g.attention(&kv, layer, &qd, &spec, None).expect("attention"));
+            let att = down(g, &g.attention(&kv, layer, (&qd, 0), &spec, None).expect("attention"));
             let stage: Vec<f16> = down(g, &kv.stage);
             outs.push((down(g, &qd), stage, att));
         }
@@ -218,11 +227,11 @@ fn cuda_attention_quantized_output_equals_quantize() {
         let mut kv = g.plan_kv(&mut rows, hd).expect("plan");
         g.kv_store(&mut kv, 0, &up(g, &k), &up(g, &v)).expect("kv_store");
         for format in [ActFormat::Q8_0, ActFormat::Q8_1] {
-            let a = g.attention(&kv, 0, &q, &spec, None).expect("attention");
+            let a = g.attention(&kv, 0, (&q, 0), &spec, None).expect("attention");
             let mut want = DeviceAct::alloc(g, format, plan.len(), heads * hd).expect("alloc");
             g.quantize(&a, &mut want).expect("quantize");
             let mut got = DeviceAct::alloc(g, format, plan.len(), heads * hd).expect("alloc");
-            let a2 = g.attention(&kv, 0, &q, &spec, Some(&mut got)).expect("attention quantized");
+            let a2 = g.attention(&kv, 0, (&q, 0), &spec, Some(&mut got)).expect("attention quantized");
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&down(g, &a)), bits(&down(g, &a2)), "{heads}/{kv_heads}x{hd}: f32 output");
             assert_eq!(down(g, &want.qs), down(g, &got.qs), "{heads}/{kv_heads}x{hd} {format:?}: values");
@@ -241,5 +250,5 @@ fn cuda_attention_quantized_output_equals_quantize() {
     g.kv_store(&mut kv, 0, &k, &v).expect("kv_store");
     let mut act = DeviceAct::alloc(g, ActFormat::Q8_0, 4, 256).expect("alloc");
     let q = up(g, &randn(&mut rng, 4 * 256, 1.0));
-    assert!(g.attention(&kv, 0, &q, &spec, Some(&mut act)).is_err(), "a prefill row cannot be quantized in place");
+    assert!(g.attention(&kv, 0, (&q, 0), &spec, Some(&mut act)).is_err(), "a prefill row cannot be quantized in place");
 }

@@ -138,6 +138,15 @@ fn cuda_gated_activations_match_cpu() {
         g.gelu_mul(&mut ad, &up(g, &u)).expect("gelu_mul");
         rel_err(&format!("gelu_mul n={n}"), &down(g, &ad), &want, GELU_BOUND);
 
+        // SwiGLU-OAI on gates and ups past its ±7 limits (a and u span ±12 and ±2; u
+        // scaled up to reach the clamp too); libm's exp on both sides.
+        let u7: Vec<f32> = u.iter().map(|v| v * 5.0).collect();
+        let mut want = a.clone();
+        ops::swiglu_oai(&mut want, &u7);
+        let mut ad = up(g, &a);
+        g.swiglu_oai(&mut ad, &up(g, &u7)).expect("swiglu_oai");
+        rel_err(&format!("swiglu_oai n={n}"), &down(g, &ad), &want, SILU_BOUND);
+
         let mut want = a.clone();
         ops::add_inplace(&mut want, &u);
         let mut ad = up(g, &a);
@@ -220,14 +229,16 @@ fn cuda_fused_quantize_equals_unfused() {
             same(&fused, &plain);
             let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
             assert_eq!(bits(down(g, &x1)), bits(down(g, &x2)), "add_norm_quantize: x");
-            for gate in [crate::backend::Gate::Silu, crate::backend::Gate::Gelu] {
+            use crate::backend::Gate;
+            for gate in [Gate::Silu, Gate::Gelu, Gate::SwigluOai] {
                 let u = up(g, &randn(&mut rng, rows * width, 1.0));
                 let (mut fused, mut plain) = (alloc(), alloc());
                 g.gate_quantize(&x, &u, gate, &mut fused).expect("gate_quantize");
                 let mut gx = up(g, &down(g, &x));
                 match gate {
-                    crate::backend::Gate::Silu => g.silu_mul(&mut gx, &u).expect("silu_mul"),
-                    crate::backend::Gate::Gelu => g.gelu_mul(&mut gx, &u).expect("gelu_mul"),
+                    Gate::Silu => g.silu_mul(&mut gx, &u).expect("silu_mul"),
+                    Gate::Gelu => g.gelu_mul(&mut gx, &u).expect("gelu_mul"),
+                    Gate::SwigluOai => g.swiglu_oai(&mut gx, &u).expect("swiglu_oai"),
                 }
                 g.quantize(&gx, &mut plain).expect("quantize");
                 same(&fused, &plain);

@@ -10,6 +10,7 @@ use half::f16;
 use super::device::{Gpu, drv};
 use crate::error::{Error, Result};
 use crate::gguf::Stored;
+use crate::kernels::quant::e8m0_half;
 
 /// Per-format block geometry: values per block, GGUF bytes per block, repacked quant
 /// bytes per block, extra bytes per block.
@@ -31,6 +32,8 @@ pub(crate) fn geometry(dtype: Stored) -> Option<Geometry> {
         Stored::Ggml(Q5_1) => g(32, 24, 16, 4),
         Stored::Ggml(Q8_0) => g(32, 34, 32, 0),
         Stored::Iq4Nl => g(32, 18, 16, 0),
+        // An E8M0 exponent byte, then IQ4_NL's 16 bytes of nibbles.
+        Stored::Mxfp4 => g(32, 17, 16, 0),
         Stored::Ggml(Q2K) => g(256, 84, 64, 16),
         Stored::Ggml(Q3K) => g(256, 110, 96, 16),
         Stored::Ggml(Q4K) => g(256, 144, 128, 16),
@@ -118,6 +121,12 @@ pub(crate) fn repack(name: &str, dtype: Stored, bytes: &[u8], k: usize, n: usize
             Stored::Ggml(Q4_0 | Q8_0) | Stored::Iq4Nl => {
                 r.d.push(h(b, 0));
                 r.qs.extend_from_slice(&b[2..]);
+            }
+            Stored::Mxfp4 => {
+                // The scale as the CPU reads it (`e8m0_half`, exact in f32), over the
+                // table's doubled values: IQ4_NL's layout with MXFP4's table.
+                r.d.push(e8m0_half(b[0]));
+                r.qs.extend_from_slice(&b[1..]);
             }
             Stored::Ggml(Q4_1) => {
                 r.d.push(h(b, 0));
@@ -282,6 +291,19 @@ mod tests {
         let r = repack("w", Stored::Iq4Nl, &nl, 32, 1).expect("iq4_nl");
         assert_eq!((r.d[..].to_vec(), r.m.len(), r.aux.len(), r.qs[3]), (vec![3.0], 0, 0, 51));
         assert!(repack("w", Stored::Iq4Nl, &nl, 64, 1).is_err(), "two blocks' bytes expected");
+    }
+
+    #[test]
+    fn repack_mxfp4_takes_the_e8m0_half_scale_and_keeps_the_nibbles() {
+        let mut b = vec![121u8];
+        b.extend((0..16).map(|i| i as u8 * 17));
+        b.push(1);
+        b.extend([0xab; 16]);
+        let r = repack("w", Stored::Mxfp4, &b, 32, 2).expect("mxfp4");
+        // 2^(121 - 127) / 2, and a subnormal 2^-127 for exponent 1 (as `e8m0_half`).
+        assert_eq!(r.d, vec![2f32.powi(-7), 2f32.powi(-127)]);
+        assert_eq!((r.qs.len(), r.qs[3], r.qs[16], r.m.len(), r.aux.len()), (32, 51, 0xab, 0, 0));
+        assert!(repack("w", Stored::Mxfp4, &b[..17], 32, 2).is_err(), "two blocks' bytes expected");
     }
 
     #[test]

@@ -221,4 +221,4 @@ fn add_row(x: &mut [f32], b: &[f32]) {
 
 #[cfg(test)]
 #[path = "tests.rs"]
-mod tests;
+pub(crate) mod tests;

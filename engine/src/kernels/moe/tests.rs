@@ -1,11 +1,12 @@
 //! `Experts` on a GGUF built byte by byte: 4 experts, 2 used, rows of 32 — Q8_0 for
-//! qwen3moe; MXFP4 with f32 biases (router and experts) for gpt-oss.
+//! qwen3moe; MXFP4 with f32 biases (router and experts) for gpt-oss. The CUDA backend's
+//! experts are tested against these on the same file (`file`).
 
 use super::*;
 
-const H: usize = 32;
-const W: usize = 32;
-const E: usize = 4;
+pub(crate) const H: usize = 32;
+pub(crate) const W: usize = 32;
+pub(crate) const E: usize = 4;
 
 fn s(out: &mut Vec<u8>, v: &str) {
     out.extend((v.len() as u64).to_le_bytes());
@@ -46,7 +47,7 @@ fn f32s(n: usize, seed: usize) -> Vec<u8> {
 
 /// Layer 0's router (f32) and three expert stacks, in a GGUF file; gpt-oss's as MXFP4
 /// with biases.
-fn file(kind: MoeKind) -> Gguf {
+pub(crate) fn file(kind: MoeKind) -> Gguf {
     let (h, w, e) = (H as u64, W as u64, E as u64);
     let mut tensors: Vec<(&str, Vec<u64>, u32, Vec<u8>)> =
         vec![("blk.0.ffn_gate_inp.weight", vec![h, e], 0, f32s(E * H, 0))];

@@ -42,6 +42,8 @@ use bf16::BlockBf16;
 /// The BF16 kernel's activation rounding, which the CUDA backend reproduces.
 #[cfg(test)]
 pub(crate) use bf16::round_bf16;
+/// MXFP4's block scale, for the CUDA backend's repacking (`backend::cuda::weights`).
+pub(crate) use blocks32::e8m0_half;
 use blocks32::{BlockIq4Nl, BlockQ5_1, Iq4NlPath};
 use dot::{BlockQ4_1, BlockQ5_0, BlockQ8_0};
 use kquants::{BlockQ4K, BlockQ6K, Q4KPath};

@@ -87,7 +87,8 @@ __device__ __forceinline__ void store_out(const float* vals, float* __restrict__
 // blockIdx.y (decode rows: one new token each) over keys a..b of its row, with the CPU's
 // arithmetic where it matters: q rounded to f16, scores q.k * scale in f32, ggml's exp,
 // and each probability exp(s - max) / sum rounded to f16 before it weighs V (max and sum
-// over the block's keys: all of the row's unless it is split).
+// over the block's keys: all of the row's unless it is split; the head's sink, if any, in
+// both for an unsplit row, in `attention_combine`'s for a split one).
 // Pass 1: keys in chunks of 32, lane l scoring key chunk + l with a whole dot product,
 // the warps taking every ATT_WARPS-th chunk; an online max and sum per warp, merged.
 // Pass 2: with at most ATT_SMAX keys the scores were kept in shared memory: the
@@ -106,8 +107,9 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
                                               const int* __restrict__ caps, const int* __restrict__ tok_row,
                                               const int* __restrict__ tok_pos, const int* __restrict__ toks,
                                               int layer, int n_heads, int n_kv, int hd, float scale, int window,
-                                              i8* __restrict__ qs, float* __restrict__ qd, float* __restrict__ qsum,
-                                              int with_sum, float* __restrict__ part) {
+                                              const float* __restrict__ sinks, i8* __restrict__ qs,
+                                              float* __restrict__ qd, float* __restrict__ qsum, int with_sum,
+                                              float* __restrict__ part) {
     constexpr int PL = D / 32, R = D <= 128 ? 16 : 8;
     __shared__ __align__(16) float sq[D];
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
@@ -148,9 +150,14 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
     __syncthreads();
     float mx = NEG_INF;
     for (int w = 0; w < ATT_WARPS; w++) mx = fmaxf(mx, s_m[w]);
+    // The head's sink in the maximum and the sum, once per row: a split row's
+    // `attention_combine` takes it.
+    const bool sink = sinks && splits == 1;
+    if (sink) mx = sink_max(mx, sinks[h]);
     double total = 0.0;
     for (int w = 0; w < ATT_WARPS; w++)
         if (s_m[w] != NEG_INF) total += (double)s_l[w] * (double)ggml_expf(s_m[w] - mx);
+    if (sink) total += (double)expf(sinks[h] - mx);
     const float inv = (float)(1.0 / total);
 
     // Pass 2: probabilities rounded to f16, weighted sum of V.
@@ -230,10 +237,11 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
                                              const int* __restrict__ caps, const int* __restrict__ tok_row,     \
                                              const int* __restrict__ tok_pos, const int* __restrict__ toks,     \
                                              int layer, int n_heads, int n_kv, int hd, float scale, int window, \
-                                             i8* __restrict__ qs, float* __restrict__ qd,                       \
-                                             float* __restrict__ qsum, int with_sum, float* __restrict__ part) { \
+                                             const float* __restrict__ sinks, i8* __restrict__ qs,              \
+                                             float* __restrict__ qd, float* __restrict__ qsum, int with_sum,    \
+                                             float* __restrict__ part) {                                        \
         attention_one<D>(q, out, bases, caps, tok_row, tok_pos, toks, layer, n_heads, n_kv, hd, scale, window,  \
-                         qs, qd, qsum, with_sum, part);                                                         \
+                         sinks, qs, qd, qsum, with_sum, part);                                                  \
     }
 ATTENTION_ONE(64)
 ATTENTION_ONE(128)
@@ -242,11 +250,13 @@ ATTENTION_ONE(256)
 // The splits of each split row (`attention_*` with gridDim.z = splits) merged: with the
 // global max M and sum L = sum_z l_z exp(m_z - M) (f64, in split order), output =
 // sum_z (l_z exp(m_z - M) / L) * o_z in split order, then stored (and quantized) as an
-// unsplit row's. Rows that were not split were written by the attention kernel itself.
+// unsplit row's; a head's sink joins M and L here (`sink_max`, + exp(sink - M)). Rows
+// that were not split were written by the attention kernel itself.
 // grid (toks, n_heads), block 128.
 extern "C" __global__ void attention_combine(float* __restrict__ out, const int* __restrict__ tok_pos,
                                              const int* __restrict__ toks, int n_heads, int hd, int window,
-                                             int splits, const float* __restrict__ part, i8* __restrict__ qs,
+                                             const float* __restrict__ sinks, int splits,
+                                             const float* __restrict__ part, i8* __restrict__ qs,
                                              float* __restrict__ qd, float* __restrict__ qsum, int with_sum) {
     __shared__ float vals[ATT_MAX_DIM];
     __shared__ float wz[ATT_MAX_SPLITS];
@@ -259,8 +269,10 @@ extern "C" __global__ void attention_combine(float* __restrict__ out, const int*
     if (threadIdx.x == 0) {
         float mx = NEG_INF;
         for (int z = 0; z < used; z++) mx = fmaxf(mx, pr[z * (hd + 2) + hd]);
+        if (sinks) mx = sink_max(mx, sinks[h]);
         double total = 0.0;
         for (int z = 0; z < used; z++) total += (double)pr[z * (hd + 2) + hd + 1] * (double)ggml_expf(pr[z * (hd + 2) + hd] - mx);
+        if (sinks) total += (double)expf(sinks[h] - mx);
         for (int z = 0; z < used; z++)
             wz[z] = (float)((double)pr[z * (hd + 2) + hd + 1] * (double)ggml_expf(pr[z * (hd + 2) + hd] - mx) / total);
     }

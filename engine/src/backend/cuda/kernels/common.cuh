@@ -65,6 +65,14 @@ __device__ __forceinline__ void quant32(float v, int lane, size_t blk, i8* __res
     }
 }
 
+// ggml's MAX(max, sink) of a row's score maximum and its head's sink (the CPU's
+// `sink_max`): the sink takes part in the maximum, and exp(sink - max) (libm's) in the
+// softmax's sum, weighing no value (gpt-oss's `attn_sinks`; the attention kernels'
+// `sinks` null: none).
+__device__ __forceinline__ float sink_max(float mx, float sink) {
+    return mx > sink ? mx : sink;
+}
+
 // ggml_v_expf lane by lane (see `kernels::ops::expf`).
 __device__ __forceinline__ float ggml_expf(float x) {
     const float r = __int_as_float(0x4b400000);
@@ -85,21 +93,36 @@ __device__ __forceinline__ int spread4(u32 b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
-// IQ4_NL's and IQ4_XS's 16 values (ggml's `kvalues_iq4nl`) for four 4-bit indices, one
-// in each byte of `idx`: the four signed bytes of the table, packed. The table is four
-// words; `__byte_perm` picks each byte from the low or high half by the index's low
-// three bits, its bit 3 chooses the half.
-__device__ __forceinline__ int iq4_lookup4(u32 idx) {
-    const u32 t0 = 0xbfad9881u, t1 = 0xf6eaddcfu, t2 = 0x26190d01u, t3 = 0x71594535u;
+// A 16-entry table of signed bytes (four words, entries 0..3 in t0's bytes, ...) looked
+// up for four 4-bit indices, one in each byte of `idx`: the four values, packed.
+// `__byte_perm` picks each byte from the low or high half by the index's low three bits,
+// its bit 3 chooses the half.
+__device__ __forceinline__ int lookup4(u32 idx, u32 t0, u32 t1, u32 t2, u32 t3) {
     const u32 sel = (idx & 0x7u) | ((idx >> 4) & 0x70u) | ((idx >> 8) & 0x700u) | ((idx >> 12) & 0x7000u);
     const u32 lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
     const u32 high = ((idx & 0x08080808u) >> 3) * 0xffu;
     return (int)((lo & ~high) | (hi & high));
 }
 
+// IQ4_NL's and IQ4_XS's 16 values (ggml's `kvalues_iq4nl`).
+__device__ __forceinline__ int iq4_lookup4(u32 idx) {
+    return lookup4(idx, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+}
+
+// MXFP4's E2M1 values doubled to integers (ggml's `kvalues_mxfp4`: 0 1 2 3 4 6 8 12, then
+// their negatives); the block scale `d` is the E8M0 power of two halved (`weights.rs`).
+__device__ __forceinline__ int mxfp4_lookup4(u32 idx) {
+    return lookup4(idx, 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu);
+}
+
 // One IQ4 table value.
 __device__ __forceinline__ int iq4_value(int idx) {
     return (int)(i8)(iq4_lookup4((u32)idx) & 0xffu);
+}
+
+// One MXFP4 table value (doubled).
+__device__ __forceinline__ int mxfp4_value(int idx) {
+    return (int)(i8)(mxfp4_lookup4((u32)idx) & 0xffu);
 }
 
 // x / rms(x) scale of one row from each thread's f64 partial sum of squares (values
@@ -150,6 +173,22 @@ __device__ __forceinline__ float gelu_val(float x, float u) {
     const float inner = __fmul_rn(__fmul_rn(0.7978846f, h), fmaf(__fmul_rn(0.044715f, h), h, 1.0f));
     const float gl = h2f(f2h(__fmul_rn(__fmul_rn(0.5f, h), 1.0f + tanhf(inner))));
     return __fmul_rn(gl, u);
+}
+
+// gpt-oss's SwiGLU-OAI of gate g and up u, as the CPU's `ops::swiglu_oai` (ggml's op):
+// the gate capped at 7 (a NaN kept), u clamped to ±7, g / (1 + exp(1.702 * -g)) * (u + 1),
+// libm's exp.
+__device__ __forceinline__ float swiglu_oai_val(float g, float u) {
+    const float x = 7.0f < g ? 7.0f : g;
+    const float y = u < -7.0f ? -7.0f : (u > 7.0f ? 7.0f : u);
+    const float e = expf(__fmul_rn(1.702f, -x));
+    return __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, e)), __fadd_rn(y, 1.0f));
+}
+
+// The gated activation of an MLP by kind (`Gate` in `backend/mod.rs`, the kernels' `kind`
+// argument): 0 silu(g) * u (ggml's exp when `simd`), 1 gelu(g) * u, 2 SwiGLU-OAI.
+__device__ __forceinline__ float gate_val(int kind, float g, float u, bool simd) {
+    return kind == 1 ? gelu_val(g, u) : kind == 2 ? swiglu_oai_val(g, u) : silu_val(g, u, simd);
 }
 
 // Rotate pair i of a head (RoPE) at position `pos`, angle pos * theta_scale^i by the

@@ -1,7 +1,8 @@
 // Embedding rows: out[r] = dequantized row ids[r] of a repacked weight matrix `[n, k]`
 // (layout as in gemv.cu), with ggml's dequantization arithmetic per format.
 // Types (`KERNEL_TYPES`): 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 4 Q4_K, 5 Q6_K, 6 Q5_1,
-// 7 IQ4_NL, 8 Q5_K, 9 Q3_K, 10 Q2_K, 11 IQ4_XS, 12 F16, 13 BF16. One block per output row.
+// 7 IQ4_NL, 8 Q5_K, 9 Q3_K, 10 Q2_K, 11 IQ4_XS, 12 F16, 13 BF16, 14 MXFP4. One block per
+// output row.
 
 // Values per block of a type: super-blocks of 256 or blocks of 32.
 __host__ __device__ constexpr int type_block(int type) {
@@ -19,6 +20,7 @@ __device__ __forceinline__ float deq32(int type, const u8* qs, const float* d, c
     int q = i < 16 ? (byte & 0xf) : (byte >> 4);
     if (type == 1) return __fmul_rn(d[blk], (float)q) + m[blk];
     if (type == 7) return __fmul_rn(d[blk], (float)iq4_value(q));
+    if (type == 14) return __fmul_rn(d[blk], (float)mxfp4_value(q));
     if (type == 2 || type == 6) {
         const u32 qh = *(const u32*)(aux + blk * 4);
         q |= (int)(((qh >> i) & 1u) << 4);
@@ -171,6 +173,7 @@ DEQUANT_F16(dequant_f16_q2_k, 10)
 DEQUANT_F16(dequant_f16_iq4_xs, 11)
 DEQUANT_F16(dequant_f16_f16, 12)
 DEQUANT_F16(dequant_f16_bf16, 13)
+DEQUANT_F16(dequant_f16_mxfp4, 14)
 
 // Quantized activations back to values rounded to f16: out[i] = f16(qs[i] * d[i / block])
 // (f16(d[i]) for a float format, qs null).

@@ -17,7 +17,8 @@
 // Activations: int8 values row after row, one f32 scale per block, Q8_1 sums, Q8_K bsums
 // (F16 / BF16: f32 values in the scales' array, one per value).
 // Types (`KERNEL_TYPES`): 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 4 Q4_K, 5 Q6_K, 6 Q5_1,
-// 7 IQ4_NL, 8 Q5_K, 9 Q3_K, 10 Q2_K, 11 IQ4_XS, 12 F16, 13 BF16.
+// 7 IQ4_NL, 8 Q5_K, 9 Q3_K, 10 Q2_K, 11 IQ4_XS, 12 F16, 13 BF16, 14 MXFP4 (IQ4_NL's layout:
+// the f32 scale is the E8M0 exponent's `e8m0_half`, the nibbles index MXFP4's table).
 
 #define MAXM 8
 
@@ -33,7 +34,8 @@ __device__ __forceinline__ int sum_bytes(int a) { return __dp4a(a, 0x01010101, 0
 
 
 // Blocks of 32 against Q8_0 / Q8_1 blocks: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 6 Q5_1 (Q4_1
-// with Q5_0's fifth bits), 7 IQ4_NL (the nibbles index the IQ4 table: signed bytes).
+// with Q5_0's fifth bits), 7 IQ4_NL and 14 MXFP4 (the nibbles index a table of signed
+// bytes: the IQ4 one, MXFP4's doubled E2M1 values).
 template <int T>
 __device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc) {
     const size_t blk = (size_t)row * a.kb + b;
@@ -60,6 +62,10 @@ __device__ __forceinline__ void item32(const Args& a, int row, int b, float* acc
             if (T == 7) {
                 w[i] = iq4_lookup4((u32)w[i]);
                 w[4 + i] = iq4_lookup4((u32)w[4 + i]);
+            }
+            if (T == 14) {
+                w[i] = mxfp4_lookup4((u32)w[i]);
+                w[4 + i] = mxfp4_lookup4((u32)w[4 + i]);
             }
         }
     }

@@ -5,7 +5,7 @@
 __host__ __device__ constexpr int gemv_items(int type, int kb) {
     return type == 4 || type == 8 || type == 11 ? kb * 8
            : type == 5 || type == 9 || type == 10 ? kb * 4
-           : type >= 12 ? kb / 8
+           : type == 12 || type == 13 ? kb / 8
            : kb;
 }
 
@@ -28,7 +28,7 @@ __device__ __forceinline__ void gemv_at(const Args& a, int row, int w0 = 0) {
         else if constexpr (T == 9) item_q3k(a, wrow, it, acc);
         else if constexpr (T == 10) item_q2k(a, wrow, it, acc);
         else if constexpr (T == 11) item_iq4xs(a, wrow, it, acc);
-        else if constexpr (T >= 12) item_float<T == 13>(a, wrow, it, acc);
+        else if constexpr (T == 12 || T == 13) item_float<T == 13>(a, wrow, it, acc);
         else item32<T>(a, wrow, it, acc);
     }
     for (int r = 0; r < a.rows; r++) {
@@ -60,6 +60,7 @@ GEMV(gemv_q2_k, 10)
 GEMV(gemv_iq4_xs, 11)
 GEMV(gemv_f16, 12)
 GEMV(gemv_bf16, 13)
+GEMV(gemv_mxfp4, 14)
 
 // Up to three matrices of one format against the same activations in one launch (Q, K
 // and V; gate and up): warps past matrix 0's rows take matrix 1's, then matrix 2's.
@@ -90,3 +91,4 @@ GEMV3(gemv3_q2_k, 10)
 GEMV3(gemv3_iq4_xs, 11)
 GEMV3(gemv3_f16, 12)
 GEMV3(gemv3_bf16, 13)
+GEMV3(gemv3_mxfp4, 14)

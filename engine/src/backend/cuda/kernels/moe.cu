@@ -1,35 +1,62 @@
 // A mixture of experts' routing and combination (`moe.rs`); the experts' matrices run in
-// `gemv_id.cu`. Arithmetic as the CPU's (`kernels/moe`): an f32 router, a softmax with an
-// f64 sum, the `used` largest probabilities (ties to the lower expert, then the first two
-// swapped, as ggml orders them), renormalized by their f64 sum rounded once.
+// `gemv_id.cu`. Arithmetic as the CPU's (`kernels/moe`): each router logit the tinyBLAS
+// dot product (`dot_lanes`: 16 FMA chains, lane l taking elements l, l + 16, ..., reduced
+// halves, quarters, pairs) plus the router's bias if it has one; `moe_softmax` as
+// `route::softmax`. qwen3moe (`kind` 0): the softmax of every logit, the `used` largest
+// probabilities (ties to the lower expert, then the first two swapped, as ggml orders
+// them), renormalized by their f64 sum rounded once. gpt-oss (`kind` 1): the `used`
+// largest logits (ties to the lower expert), weighted by the softmax of those alone.
 
 #define MOE_MAX_EXPERTS 512
 
-// One block a token: warps take experts e, e + warps, ... for the router's dot products,
-// then thread 0 routes. ids / weights: [tokens][used].
-extern "C" __global__ void moe_route(const float* __restrict__ x, const float* __restrict__ router, int hidden,
-                                     int experts, int used, int* __restrict__ ids, float* __restrict__ weights) {
+// ggml_soft_max of p[0..n) in place, as the CPU's `route::softmax`: the maximum, whole
+// chunks of 16 through ggml's exp with each chunk's sum reduced halves, quarters, pairs
+// and added in f64, the tail through libm's exp added one by one in f64; then every
+// value times (f32)(1 / sum).
+__device__ __forceinline__ void moe_softmax(float* p, int n) {
+    float mx = NEG_INF;
+    for (int e = 0; e < n; e++) mx = mx > p[e] ? mx : p[e];
+    const int whole = n / 16 * 16;
+    double sum = 0.0;
+    for (int c = 0; c < whole; c += 16) {
+        float t3[8];
+        for (int i = 0; i < 16; i++) p[c + i] = ggml_expf(p[c + i] - mx);
+        for (int i = 0; i < 8; i++) t3[i] = p[c + i + 8] + p[c + i];
+        const float t6[4] = {t3[4] + t3[0], t3[5] + t3[1], t3[6] + t3[2], t3[7] + t3[3]};
+        sum += (double)((t6[0] + t6[2]) + (t6[1] + t6[3]));
+    }
+    for (int e = whole; e < n; e++) {
+        p[e] = expf(p[e] - mx);
+        sum += (double)p[e];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int e = 0; e < n; e++) p[e] = __fmul_rn(p[e], inv);
+}
+
+// One block a token: warps take experts e, e + warps, ... for the router's dot products
+// (`hidden` a multiple of 16; lanes 0..15 the tinyBLAS lanes), then thread 0 routes.
+// `bias`: the router's, or null. ids / weights: [tokens][used].
+extern "C" __global__ void moe_route(const float* __restrict__ x, const float* __restrict__ router,
+                                     const float* __restrict__ bias, int hidden, int experts, int used, int kind,
+                                     int* __restrict__ ids, float* __restrict__ weights) {
     __shared__ float p[MOE_MAX_EXPERTS];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const float* xr = x + (size_t)t * hidden;
     for (int e = warp; e < experts; e += warps) {
         const float* w = router + (size_t)e * hidden;
         float s = 0.0f;
-        for (int i = lane; i < hidden; i += 32) s = fmaf(w[i], xr[i], s);
-        s = warp_sum(s);
-        if (lane == 0) p[e] = s;
+        if (lane < 16)
+            for (int i = lane; i < hidden; i += 16) s = fmaf(w[i], xr[i], s);
+        // Lane i < 8 adds lane i + 8's chain, then i < 4 the next half, and so on: lane 0
+        // ends with (t6[0] + t6[2]) + (t6[1] + t6[3]), GCC's `_mm512_reduce_add_ps`.
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) s = s + __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) p[e] = bias ? __fadd_rn(s, bias[e]) : s;
     }
     __syncthreads();
     if (threadIdx.x != 0) return;
-    float mx = NEG_INF;
-    for (int e = 0; e < experts; e++) mx = fmaxf(mx, p[e]);
-    double sum = 0.0;
-    for (int e = 0; e < experts; e++) {
-        p[e] = expf(p[e] - mx);
-        sum += (double)p[e];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int e = 0; e < experts; e++) p[e] = __fmul_rn(p[e], inv);
+    // qwen3moe chooses by probability, gpt-oss by logit.
+    if (kind == 0) moe_softmax(p, experts);
     int* id = ids + (size_t)t * used;
     float* wt = weights + (size_t)t * used;
     u32 taken[MOE_MAX_EXPERTS / 32] = {0};
@@ -41,6 +68,11 @@ extern "C" __global__ void moe_route(const float* __restrict__ x, const float* _
         }
         taken[best >> 5] |= 1u << (best & 31);
         id[s] = best;
+    }
+    if (kind == 1) {
+        for (int s = 0; s < used; s++) wt[s] = p[id[s]];
+        moe_softmax(wt, used);
+        return;
     }
     if (used > 1) {
         const int first = id[0];

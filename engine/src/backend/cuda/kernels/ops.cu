@@ -1,7 +1,7 @@
 // Row ops of the transformer block, with the CPU's `kernels::ops` numerics: RMSNorm with
 // an f64 sum of squares, rotary angles by repeated f32 multiplication, SiLU through
-// ggml's polynomial exp, GELU (tanh form) rounded through f16 as ggml's table is, and
-// residual add; plus argmax (first index of the largest value).
+// ggml's polynomial exp, GELU (tanh form) rounded through f16 as ggml's table is,
+// SwiGLU-OAI, and residual add; plus argmax (first index of the largest value).
 
 // One block per row.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
@@ -50,6 +50,12 @@ extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restri
 extern "C" __global__ void gelu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = gelu_val(g[i], u[i]);
+}
+
+// g = SwiGLU-OAI(g, u) (gpt-oss's experts).
+extern "C" __global__ void swiglu_oai(float* __restrict__ g, const float* __restrict__ u, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = swiglu_oai_val(g[i], u[i]);
 }
 
 // x[r][i] += b[i] over n values of rows `width` wide (Q/K/V biases).

@@ -7,7 +7,8 @@
 // Keys go through shared memory in tiles of 32 at absolute positions (32-aligned), so a
 // query's arithmetic does not depend on which queries share its tile. Per query, as the
 // one-query kernel: q rounded to f16, each score a sequential f32 dot times `scale`;
-// pass 1 finds the max and the sum of exp(s - max) (online, key tile by key tile);
+// pass 1 finds the max and the sum of exp(s - max) (online, key tile by key tile; then
+// the head's sink, if any, taken in: `add_sink`);
 // pass 2 recomputes the scores, rounds each exp(s - max) / sum to f16 and sums p * V
 // key by key. Shared memory holds Q, K and V as f32 (converted once per tile), K rows
 // padded by 4 floats so the lanes' 16-byte reads of 32 rows do not collide.
@@ -16,12 +17,22 @@
 // head_dim a multiple of 8, at most the kernel's (below).
 #define KT 32
 
+// A query's max `m` and sum `l` of exp(s - m) with its head's sink taken in, as the
+// one-query kernel does (`sink_max`, then + exp(sink - max), libm's exp).
+__device__ __forceinline__ void add_sink(float sink, float* m, float* l) {
+    const float mn = sink_max(*m, sink);
+    const float kept = *m == NEG_INF ? 0.0f : __fmul_rn(*l, ggml_expf(*m - mn));
+    *l = __fadd_rn(kept, expf(sink - mn));
+    *m = mn;
+}
+
 template <int QT, int QSTEP, int DPT>
 __device__ __forceinline__ void attention_tiled(const float* __restrict__ q, float* __restrict__ out,
                                                 const unsigned long long* __restrict__ bases,
                                                 const int* __restrict__ caps, const int* __restrict__ tok_row,
                                                 const int* __restrict__ tok_pos, const int* __restrict__ tiles,
-                                                int layer, int n_heads, int n_kv, int hd, float scale, int window) {
+                                                int layer, int n_heads, int n_kv, int hd, float scale, int window,
+                                                const float* __restrict__ sinks) {
     constexpr int TD = 128 / QSTEP;   // threads per query group in p * V
     constexpr int QW = QT / 4;        // queries per warp in the scores
     constexpr int QV = QT / QSTEP;    // queries per thread in p * V
@@ -123,6 +134,10 @@ __device__ __forceinline__ void attention_tiled(const float* __restrict__ q, flo
             l[i] += warp_sum(s[i] == NEG_INF ? 0.0f : ggml_expf(s[i] - m[i]));
         }
     }
+    if (sinks) {
+#pragma unroll
+        for (int i = 0; i < QW; i++) add_sink(sinks[h], &m[i], &l[i]);
+    }
     float inv[QW];
 #pragma unroll
     for (int i = 0; i < QW; i++) inv[i] = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
@@ -188,9 +203,10 @@ __device__ __forceinline__ void attention_tiled(const float* __restrict__ q, flo
     extern "C" __global__ void __launch_bounds__(128) NAME(                                                     \
         const float* __restrict__ q, float* __restrict__ out, const unsigned long long* __restrict__ bases,    \
         const int* __restrict__ caps, const int* __restrict__ tok_row, const int* __restrict__ tok_pos,        \
-        const int* __restrict__ tiles, int layer, int n_heads, int n_kv, int hd, float scale, int window) {     \
+        const int* __restrict__ tiles, int layer, int n_heads, int n_kv, int hd, float scale, int window,       \
+        const float* __restrict__ sinks) {                                                                      \
         attention_tiled<QT, QSTEP, DPT>(q, out, bases, caps, tok_row, tok_pos, tiles, layer, n_heads, n_kv, hd, \
-                                        scale, window);                                                         \
+                                        scale, window, sinks);                                                  \
     }
 TILED_KERNEL(attention_tiled_64, 32, 2, 1)
 TILED_KERNEL(attention_tiled_128, 32, 1, 1)
@@ -226,7 +242,8 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ q, float
                                               const unsigned long long* __restrict__ bases,
                                               const int* __restrict__ caps, const int* __restrict__ tok_row,
                                               const int* __restrict__ tok_pos, const int* __restrict__ tiles,
-                                              int layer, int n_heads, int n_kv, float scale, int window) {
+                                              int layer, int n_heads, int n_kv, float scale, int window,
+                                              const float* __restrict__ sinks) {
     constexpr int KS = HD / 16;       // k-steps of Q·Kᵀ over head_dim
     constexpr int NT = FA_KT / 8;     // n-tiles of a score tile
     constexpr int DT = HD / 8;        // n-tiles of the output
@@ -338,6 +355,10 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ q, float
             m[rr] = mn;
         }
     }
+    if (sinks) {
+        add_sink(sinks[h], &m[0], &l[0]);
+        add_sink(sinks[h], &m[1], &l[1]);
+    }
     const float inv[2] = {l[0] > 0.0f ? 1.0f / l[0] : 0.0f, l[1] > 0.0f ? 1.0f / l[1] : 0.0f};
 
     // Pass 2: probabilities rounded to f16 (the A operand of P·V), weighted sums of V.
@@ -380,8 +401,10 @@ __device__ __forceinline__ void attention_mma(const float* __restrict__ q, float
     extern "C" __global__ void __launch_bounds__(128) NAME(                                                    \
         const float* __restrict__ q, float* __restrict__ out, const unsigned long long* __restrict__ bases,   \
         const int* __restrict__ caps, const int* __restrict__ tok_row, const int* __restrict__ tok_pos,       \
-        const int* __restrict__ tiles, int layer, int n_heads, int n_kv, int hd, float scale, int window) {    \
-        attention_mma<HD>(q, out, bases, caps, tok_row, tok_pos, tiles, layer, n_heads, n_kv, scale, window); \
+        const int* __restrict__ tiles, int layer, int n_heads, int n_kv, int hd, float scale, int window,      \
+        const float* __restrict__ sinks) {                                                                     \
+        attention_mma<HD>(q, out, bases, caps, tok_row, tok_pos, tiles, layer, n_heads, n_kv, scale, window,  \
+                          sinks);                                                                              \
     }
 MMA_KERNEL(attention_mma_64, 64)
 MMA_KERNEL(attention_mma_128, 128)

@@ -148,24 +148,24 @@ extern "C" __global__ void add_norm_quantize(float* __restrict__ x, const float*
     norm_quantize_one(x, y, w, width, eps, block, qs, d_out, s_out, with_sum, staged);
 }
 
-// Fused: the gated activation (gelu = 0: silu(g) * u, ggml's exp below `simd`; 1:
-// gelu(g) * u) straight into quantized blocks; one warp per block of `block` values.
+// Fused: the gated activation (`gate_val` of `kind`: 0 silu(g) * u, ggml's exp below
+// `simd`; 1 gelu(g) * u; 2 SwiGLU-OAI) straight into quantized blocks; one warp per block
+// of `block` values.
 extern "C" __global__ void gate_quantize(const float* __restrict__ g, const float* __restrict__ u, int nblocks,
-                                         int simd, int gelu, int block, i8* __restrict__ qs,
+                                         int simd, int kind, int block, i8* __restrict__ qs,
                                          float* __restrict__ d_out, float* __restrict__ s_out, int with_sum) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp >= nblocks) return;
     if (block == 32) {
         const size_t i = (size_t)warp * 32 + lane;
-        const float v = gelu ? gelu_val(g[i], u[i]) : silu_val(g[i], u[i], i < (size_t)simd);
-        quant32(v, lane, warp, qs, d_out, s_out, with_sum);
+        quant32(gate_val(kind, g[i], u[i], i < (size_t)simd), lane, warp, qs, d_out, s_out, with_sum);
     } else {
         float v[8];
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             const size_t i = (size_t)warp * 256 + lane * 8 + e;
-            v[e] = gelu ? gelu_val(g[i], u[i]) : silu_val(g[i], u[i], i < (size_t)simd);
+            v[e] = gate_val(kind, g[i], u[i], i < (size_t)simd);
         }
         quant256(v, lane, warp, qs, d_out, (int*)s_out);
     }
