@@ -1,6 +1,7 @@
 //! Model hyperparameters read from GGUF metadata, validated once into an immutable
 //! `ModelConfig` that the architectures and the KV cache size themselves from.
 
+pub use crate::config_hybrid::HybridConfig;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::rope::{RopeScaling, RopeStyle};
@@ -35,11 +36,25 @@ pub enum Arch {
     /// and a mixture of MXFP4 experts with biases, top-k-then-softmax routing and
     /// SwiGLU-OAI (`MoeKind::GptOss`).
     GptOss,
+    /// Qwen3.5 (dense): a hybrid of Gated DeltaNet layers (a causal convolution and a
+    /// delta-rule recurrent state per sequence) and, every `full_attention_interval`-th
+    /// layer, gated full attention (queries with a sigmoid gate, Q/K head norms, partial
+    /// M-RoPE); `post_attention_norm` before a SwiGLU MLP (`HybridConfig`).
+    Qwen35,
 }
 
 impl Arch {
-    pub(crate) const ALL: [Arch; 8] =
-        [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3, Arch::GptOss];
+    pub(crate) const ALL: [Arch; 9] = [
+        Arch::Llama,
+        Arch::Gemma3,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Qwen3Moe,
+        Arch::Mistral3,
+        Arch::Phi3,
+        Arch::GptOss,
+        Arch::Qwen35,
+    ];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
     /// (`corral_protocol::ARCHITECTURES` lists the same names).
@@ -57,15 +72,19 @@ impl Arch {
             Arch::Mistral3 => "mistral3",
             Arch::Phi3 => "phi3",
             Arch::GptOss => "gpt-oss",
+            Arch::Qwen35 => "qwen35",
         }
     }
 
     /// Which pairs of a head's dimensions rotate together (llama.cpp's
-    /// `llama_model_rope_type`: NORM for llama, NEOX for the Qwen and Gemma families).
+    /// `llama_model_rope_type`: NORM for llama, NEOX for the Qwen and Gemma families;
+    /// qwen35's interleaved M-RoPE rotates text as NEOX does, over `HybridConfig::n_rot`).
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
-            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::GptOss => RopeStyle::Neox,
+            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::GptOss | Arch::Qwen35 => {
+                RopeStyle::Neox
+            }
         }
     }
 }
@@ -100,6 +119,8 @@ pub struct ModelConfig {
     pub is_swa: Vec<bool>,
     /// The mixture of experts in every layer (qwen3moe, gpt-oss); `None` for a dense MLP.
     pub moe: Option<MoeConfig>,
+    /// The recurrent layers of a hybrid model (qwen35); `None` when every layer attends.
+    pub hybrid: Option<HybridConfig>,
 }
 
 /// A mixture of experts: `used` of `experts` chosen per token by the router, each an MLP
@@ -129,7 +150,10 @@ impl ModelConfig {
         let arch_name = g.architecture()?;
         let arch = Arch::from_name(arch_name).ok_or_else(|| Error::UnsupportedArch { arch: arch_name.to_owned() })?;
         let k = |suffix: &str| format!("{arch_name}.{suffix}");
-        let n_layers = g.u32(&k("block_count"))? as usize;
+        // qwen35's multi-token-prediction blocks follow its layers in the block count;
+        // llama.cpp runs them only to draft (`nextn_predict_layers`), and so never does corral.
+        let nextn = if arch == Arch::Qwen35 { g.opt_u32(&k("nextn_predict_layers")).unwrap_or(0) } else { 0 };
+        let n_layers = g.u32(&k("block_count"))?.saturating_sub(nextn) as usize;
         let hidden = g.u32(&k("embedding_length"))? as usize;
         let n_heads = g.u32(&k("attention.head_count"))? as usize;
         let n_kv_heads = g.opt_u32(&k("attention.head_count_kv")).map_or(n_heads, |v| v as usize);
@@ -139,7 +163,9 @@ impl ModelConfig {
             Arch::Gemma3 | Arch::GptOss => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
             // llama.cpp turns phi3's sliding window off (its files' windows are not
             // trustworthy, llama.cpp PR 13676): every layer attends to the whole context.
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Mistral3 | Arch::Phi3 => None,
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Mistral3 | Arch::Phi3 | Arch::Qwen35 => {
+                None
+            }
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6);
         // gpt-oss: one of each, the first sliding (pattern 2); unless the file states the
@@ -154,10 +180,16 @@ impl ModelConfig {
             }
             _ => vec![false; n_layers],
         };
-        // Every architecture here rotates whole heads (llama.cpp rejects a llama file whose
-        // `rope.dimension_count` differs, and asserts it for qwen2/qwen3 and gemma3).
+        // Every architecture here but qwen35 rotates whole heads (llama.cpp rejects a llama
+        // file whose `rope.dimension_count` differs, and asserts it for qwen2/qwen3 and
+        // gemma3); qwen35 rotates the first `n_rot` (`HybridConfig`).
+        let hybrid = match arch {
+            Arch::Qwen35 => Some(HybridConfig::from_gguf(g, arch_name, n_layers, head_dim)?),
+            _ => None,
+        };
         if let Some(n_rot) = g.opt_u32(&k("rope.dimension_count"))
             && n_rot as usize != head_dim
+            && hybrid.is_none()
         {
             return Err(Error::Tensor {
                 name: k("rope.dimension_count"),
@@ -197,6 +229,7 @@ impl ModelConfig {
             sliding_window: sliding_window.filter(|&w| w > 0),
             is_swa,
             moe,
+            hybrid,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -210,6 +243,7 @@ impl ModelConfig {
     pub fn gpu_unproven(&self, rope_freqs: bool) -> Option<String> {
         let scaled = rope_freqs || self.rope_scaling != RopeScaling::NONE || self.attn_temperature.is_some();
         match self.arch {
+            Arch::Qwen35 => Some("qwen35 has no CUDA path yet (Gated DeltaNet layers)".into()),
             Arch::Llama | Arch::Gemma3 if !scaled => None,
             a => Some(format!("{}'s CUDA path is not yet verified on a GPU", a.name())),
         }
@@ -230,6 +264,11 @@ impl ModelConfig {
             return bad("feed_forward_length / vocabulary");
         }
         Ok(())
+    }
+
+    /// Layers with a KV cache: all but a hybrid model's recurrent ones.
+    pub fn kv_layers(&self) -> usize {
+        self.n_layers - self.hybrid.as_ref().map_or(0, HybridConfig::recurrent_layers)
     }
 
     /// K (or V) floats per token per layer.
@@ -368,6 +407,7 @@ mod tests {
             sliding_window: None,
             is_swa: vec![false; 2],
             moe: None,
+            hybrid: None,
         };
         let none = RopeScaling::NONE;
         assert_eq!(cfg(Arch::Llama, none, None).gpu_unproven(false), None);
@@ -375,11 +415,13 @@ mod tests {
         assert!(cfg(Arch::Llama, none, None).gpu_unproven(true).is_some(), "Llama 3.1's rope_freqs");
         let yarn = RopeScaling { freq_scale: 0.25, ext_factor: 1.0, ..none };
         assert!(cfg(Arch::Llama, yarn, None).gpu_unproven(false).is_some());
-        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3, Arch::GptOss] {
+        for a in [Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral3, Arch::Phi3, Arch::GptOss, Arch::Qwen35] {
             assert!(cfg(a, none, None).gpu_unproven(false).is_some(), "{a:?}");
         }
         let t = AttnTemperature { scale: 0.1, floor: 16 };
         assert!(cfg(Arch::Llama, none, Some(t)).gpu_unproven(false).is_some());
+        let why = cfg(Arch::Qwen35, none, None).gpu_unproven(false).unwrap_or_default();
+        assert!(why.starts_with("qwen35 has no CUDA path yet"), "{why}");
     }
 
     #[test]

@@ -15,6 +15,12 @@
 //! Invariant: positions `< len` are valid in every layer. The model writes positions
 //! `len..len+T` during a forward pass and `commit`s them only when the pass succeeded.
 //!
+//! A hybrid model's sequence also carries its recurrent layers' state
+//! (`crate::recurrent`), the state after exactly `len` positions. It cannot be cut back:
+//! `truncate` or `fork` to fewer positions than `len` drop the whole sequence (empty,
+//! no state), so the model recomputes it from the start rather than continue from a
+//! state that belongs to other tokens. `restorable` says what a fork would keep.
+//!
 //! These host blocks are always the truth. A GPU backend keeps a `Mirror` of the first
 //! positions in device memory (attention reads it there) and writes every new position
 //! to both; what the mirror lacks (a sequence restored from the prompt cache or the SSD
@@ -26,6 +32,8 @@ use std::sync::Arc;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
+
+use crate::recurrent::{RecurrentShape, RecurrentState};
 
 /// Positions per block.
 pub const BLOCK_TOKENS: usize = 32;
@@ -96,17 +104,53 @@ pub struct SeqCache {
     blocks: Vec<Arc<KvBlock>>,
     len: usize,
     mirror: Option<Mirror>,
+    /// A hybrid model's recurrent state after `len` positions (`None` before its first
+    /// pass, and always for the other models).
+    recurrent: Option<Arc<RecurrentState>>,
 }
 
 impl Clone for SeqCache {
     fn clone(&self) -> Self {
-        Self { shape: self.shape, blocks: self.blocks.clone(), len: self.len, mirror: None }
+        Self {
+            shape: self.shape,
+            blocks: self.blocks.clone(),
+            len: self.len,
+            mirror: None,
+            recurrent: self.recurrent.clone(),
+        }
     }
 }
 
 impl SeqCache {
     pub fn new(shape: KvShape) -> Self {
-        Self { shape, blocks: Vec::new(), len: 0, mirror: None }
+        Self { shape, blocks: Vec::new(), len: 0, mirror: None, recurrent: None }
+    }
+
+    /// The recurrent state to update in this pass, made first (zeros) for a sequence
+    /// that has none and no positions. `None` for a sequence with positions but no state,
+    /// which a hybrid model cannot continue.
+    pub(crate) fn recurrent_mut(&mut self, shape: RecurrentShape) -> Option<&mut RecurrentState> {
+        if self.recurrent.is_none() && self.len == 0 {
+            self.recurrent = Some(Arc::new(RecurrentState::new(shape)));
+        }
+        let state = Arc::make_mut(self.recurrent.as_mut()?);
+        (state.shape() == shape).then_some(state)
+    }
+
+    /// Forget everything (a hybrid model's pass that failed after writing its state).
+    pub(crate) fn clear(&mut self) {
+        self.truncate(0);
+        self.recurrent = None;
+    }
+
+    /// How many of the first `n` positions a fork would keep: `n` (clamped to `len`),
+    /// except that a sequence with recurrent state keeps all of them or none.
+    pub fn restorable(&self, n: usize) -> usize {
+        let n = n.min(self.len);
+        match &self.recurrent {
+            Some(_) if n < self.len => 0,
+            _ => n,
+        }
     }
 
     /// The backend's copy of this sequence, if it has one.
@@ -127,11 +171,16 @@ impl SeqCache {
         self.len == 0
     }
 
-    /// Keep only the first `n` positions (no-op if `n >= len`).
+    /// Keep only the first `n` positions (no-op if `n >= len`). With recurrent state,
+    /// which cannot be cut back, nothing is kept.
     pub fn truncate(&mut self, n: usize) {
         if n >= self.len {
             return;
         }
+        let n = match self.recurrent.take() {
+            Some(_) => 0,
+            None => n,
+        };
         self.len = n;
         self.blocks.truncate(n.div_ceil(BLOCK_TOKENS));
         if let Some(m) = &mut self.mirror {
@@ -139,15 +188,30 @@ impl SeqCache {
         }
     }
 
-    /// A new sequence sharing this one's first `n` positions (clamped to `len`).
+    /// A new sequence sharing this one's first `n` positions (clamped to `len`; see
+    /// `restorable` for a sequence with recurrent state).
     pub fn fork(&self, n: usize) -> SeqCache {
-        let n = n.min(self.len);
-        Self { shape: self.shape, blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(), len: n, mirror: None }
+        let n = self.restorable(n);
+        Self {
+            shape: self.shape,
+            blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(),
+            len: n,
+            mirror: None,
+            recurrent: if n > 0 { self.recurrent.clone() } else { None },
+        }
     }
 
-    /// Bytes of KV memory this sequence references (shared blocks counted in full).
+    /// Bytes of KV memory (and recurrent state) this sequence references (shared blocks
+    /// counted in full).
     pub fn bytes(&self) -> usize {
         self.blocks.len() * self.shape.block_floats() * std::mem::size_of::<f16>()
+            + self.recurrent.as_ref().map_or(0, |r| r.bytes())
+    }
+
+    /// Whether this sequence carries recurrent state (then persisting its KV alone would
+    /// lose it).
+    pub fn has_recurrent(&self) -> bool {
+        self.recurrent.is_some()
     }
 
     /// How many leading blocks this sequence shares (same allocation) with `other`.
@@ -286,7 +350,7 @@ impl SeqCache {
             }
             blocks.push(Arc::new(blk));
         }
-        Ok(SeqCache { shape, blocks, len: n, mirror: None })
+        Ok(SeqCache { shape, blocks, len: n, mirror: None, recurrent: None })
     }
 }
 
@@ -373,6 +437,31 @@ mod tests {
         }
         let (_, v) = b.block_kv(0, 1);
         assert_eq!(v[4].to_f32(), -(32.0 * 4.0 + 4.0));
+    }
+
+    /// A sequence with recurrent state forks whole or not at all, and truncating it to
+    /// fewer positions empties it; the state is shared until a fork writes it.
+    #[test]
+    fn recurrent_state_is_kept_only_with_every_position() {
+        let shape = RecurrentShape { layers: 2, conv: 3, ssm: 4 };
+        let mut a = filled(40);
+        assert_eq!(a.restorable(30), 30, "no state: any prefix");
+        assert!(a.recurrent_mut(shape).is_none(), "positions without state cannot continue");
+        let mut a = SeqCache::new(SHAPE);
+        a.recurrent_mut(shape).expect("a fresh sequence starts from zeros").layer_mut(1).1[2] = 5.0;
+        a.reserve(40);
+        a.commit(40);
+        assert_eq!((a.restorable(40), a.restorable(99), a.restorable(39)), (40, 40, 0));
+        let mut whole = a.fork(40);
+        assert_eq!((whole.len(), a.fork(39).len()), (40, 0));
+        assert!(a.fork(39).recurrent_mut(shape).is_some(), "an empty fork starts afresh");
+        whole.recurrent_mut(shape).expect("shared state").layer_mut(1).1[2] = 7.0;
+        assert_eq!(a.recurrent_mut(shape).expect("own state").layer_mut(1).1[2], 5.0, "copied on write");
+        assert!(a.recurrent_mut(RecurrentShape { layers: 1, ..shape }).is_none(), "another model's state");
+        let bytes = a.bytes();
+        a.truncate(39);
+        assert_eq!((a.len(), a.has_recurrent()), (0, false));
+        assert!(bytes > a.bytes());
     }
 
     #[test]

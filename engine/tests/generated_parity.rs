@@ -99,7 +99,7 @@ fn cases(preset: &str, kind: &str) -> Vec<Case> {
 /// until its fixtures are captured on an AVX-512 host.
 fn margin_noise(preset: &str, kind: &str) -> f64 {
     match kind {
-        "q8_0" if preset == "qwen3moe" || preset == "gpt-oss" => 0.01,
+        "q8_0" if avx2_fixture(preset) => 0.01,
         "q4_0" => 0.05,
         "f16" | "bf16" => 5e-3,
         k if QUANTIZED.contains(&k) => 0.01,
@@ -110,7 +110,7 @@ fn margin_noise(preset: &str, kind: &str) -> f64 {
 /// The fixtures captured on an AVX2-only host (see `margin_noise`), whose lane orders move
 /// llama.cpp's margins by up to a few 1e-3 from the AVX-512 arithmetic corral reproduces.
 fn avx2_fixture(preset: &str) -> bool {
-    matches!(preset, "qwen3moe" | "gpt-oss")
+    matches!(preset, "qwen3moe" | "gpt-oss" | "qwen35")
 }
 
 /// Our argmax and top-2 logit margin at each of llama.cpp's steps after `prompt`, one
@@ -271,6 +271,20 @@ fn gpt_oss_q4_0_equals_llama_cpp_serial() {
 
 // mistral3: YaRN with the file's β values and log multiplier, and the attention
 // temperature, which the preset's 16-token original context turns on within the prompts.
+
+// qwen35: the hybrid of Gated DeltaNet layers (a convolution and a delta-rule state per
+// sequence) and gated full attention (every 4th layer), 4 layers; fixtures from an
+// AVX2-only host, held as qwen3moe's and gpt-oss's. The batched decode checks that each
+// row's recurrent state is its own.
+#[test]
+fn qwen35_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen35", "q8_0");
+}
+
+#[test]
+fn qwen35_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen35", "q4_0");
+}
 
 #[test]
 fn mistral3_q4_0_equals_llama_cpp_serial() {

@@ -25,7 +25,13 @@ vocabulary (a llama.cpp vocab-only file, named by `vocab`):
              logit per head, YaRN 32 over an original context of 4,096, 8 MXFP4 experts
              (whatever --type says) of which 4 are used, 256 wide, with biases, an f32 router
              with a bias, an output matrix, o200k_harmony (scripts/models/vocab-o200k: gpt-oss's
-             own vocabulary, so the file gets the harmony template).
+             own vocabulary, so the file gets the harmony template);
+  `qwen35`   Qwen3.5's hybrid: 4 layers, the 4th gated full attention (4 heads of 128 over 2
+             K/V heads, each query with its sigmoid gate, Q/K norms, M-RoPE sections 6/5/5
+             over the first 32 dimensions), the others Gated DeltaNet (2 key heads and 4
+             value heads of 64, a 4-tap convolution; `ssm_a` negative, so every state
+             decays), tied, qwen35 (llama.cpp's Qwen3.5 test vocabulary: 151,936 tokens of
+             the qwen2 family with its own pre-tokenizer).
 
 The same families at the shapes of the released models people download, `<family>-<size>`
 (values from each model's config.json; the weights are noise, so only shapes, rotary
@@ -48,7 +54,17 @@ settings and vocabulary matter):
                  sliding window 128 on even layers, rotary base 150,000 with YaRN 32 over
                  4,096, 32 MXFP4 experts of which 4 are used, 2,880 wide, an output matrix,
                  a vocabulary of 201,088 (20.9 B parameters; 4.2 B active per token as
-                 --list counts them, the embedding and output matrices included).
+                 --list counts them, the embedding and output matrices included);
+  `qwen35-9b`    Qwen3.5 9B as its config.json gives it (not checked against a released
+                 GGUF here): 32 layers, hidden 4,096, every 4th layer full attention (16 heads
+                 of 256 over 4 K/V heads, 64 rotated dimensions in sections 11/11/10), the
+                 others Gated DeltaNet (16 key and 32 value heads of 128), MLP 12,288, an
+                 output matrix, a filler vocabulary of 248,320 (its size, not its tokens).
+
+`hybrid=(interval, taps, head, k_heads, v_heads, n_rot, sections)` makes a preset qwen35's
+hybrid: every `interval`-th layer attends, the others are Gated DeltaNet layers of `k_heads`
+key and `v_heads` value heads of `head`, with a `taps`-tap convolution; attention layers
+rotate their first `n_rot` dimensions in M-RoPE `sections`.
 
 `experts=(count, used, width)` makes a preset a mixture of experts (qwen3moe, gpt-oss): `ffn`
 is then only the `feed_forward_length` written to the file.
@@ -79,6 +95,8 @@ PRESETS = {
     "gpt-oss": dict(arch="gpt-oss", hidden=256, layers=4, heads=8, kv_heads=2, head_dim=64, ffn=256,
                     experts=(8, 4, 256), vocab="o200k-harmony", rope=150000.0, ctx=131072, window=16, bias=True,
                     scaling=("yarn", 32.0, 4096)),
+    "qwen35": dict(arch="qwen35", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=128, ffn=512, vocab="qwen35",
+                   rope=1e7, ctx=262144, tied=True, hybrid=(4, 4, 64, 2, 4, 32, (6, 5, 5, 0))),
     "llama3-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab="llama-bpe",
                       rope=500000.0, ctx=131072, rope_freqs=(32.0, 1.0, 4.0, 8192), tied=True),
     "qwen2-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab="qwen2", rope=1e6,
@@ -97,10 +115,19 @@ PRESETS = {
     "gpt-oss-20b": dict(arch="gpt-oss", hidden=2880, layers=24, heads=64, kv_heads=8, head_dim=64, ffn=2880,
                         experts=(32, 4, 2880), vocab="o200k-harmony", rope=150000.0, ctx=131072, window=128, bias=True,
                         scaling=("yarn", 32.0, 4096)),
+    "qwen35-9b": dict(arch="qwen35", hidden=4096, layers=32, heads=16, kv_heads=4, head_dim=256, ffn=12288,
+                      vocab=248320, rope=1e7, ctx=262144, hybrid=(4, 4, 128, 16, 32, 64, (11, 11, 10, 0))),
 }
 
 # Token counts of the real vocabularies (for --list, which needs no vocab file).
-VOCAB_SIZES = {"llama-bpe": 128256, "qwen2": 151936, "phi-3": 32064, "o200k-harmony": 201088}
+VOCAB_SIZES = {"llama-bpe": 128256, "qwen2": 151936, "phi-3": 32064, "o200k-harmony": 201088, "qwen35": 151936}
+
+
+def recurrent_layers(p):
+    """Which layers of a hybrid preset are Gated DeltaNet layers (all but every
+    interval-th, as llama.cpp's `full_attention_interval`)."""
+    interval = p["hybrid"][0]
+    return [(i + 1) % interval != 0 for i in range(p["layers"])]
 
 
 def params(p):
@@ -108,6 +135,14 @@ def params(p):
     V = p["vocab"] if isinstance(p["vocab"], int) else VOCAB_SIZES.get(p["vocab"], 0)
     HD = p.get("head_dim", H // NH)
     per_layer = H * NH * HD * 2 + 2 * H * NKV * HD + 3 * H * F
+    if "hybrid" in p:  # gated queries on attention layers; the DeltaNet's matrices on the others
+        _, taps, HS, KH, VH, _, _ = p["hybrid"]
+        conv = 2 * KH * HS + VH * HS
+        attn = H * NH * HD * 3 + 2 * H * NKV * HD
+        delta = H * conv + H * VH * HS + 2 * H * VH + taps * conv + VH * HS * H
+        rec = recurrent_layers(p)
+        tied = p.get("tied", False)
+        return V * H * (1 if tied else 2) + sum(delta if r else attn for r in rec) + p["layers"] * 3 * H * F
     if "experts" in p:  # the router and every expert's gate, up and down
         E, _, FE = p["experts"]
         per_layer += H * E + 3 * H * FE * E - 3 * H * F

@@ -22,6 +22,19 @@ pub struct CpuPass {
     ropes: Vec<RopeTable>,
 }
 
+impl CpuPass {
+    /// `(first stacked row, tokens, first position)` of each row: a recurrent layer walks
+    /// each row's tokens in order against that row's state.
+    pub(crate) fn spans(&self) -> &[(usize, usize, usize)] {
+        self.spans.each()
+    }
+
+    /// Rotary table `i` of the pass (a partial rotation applies it to each head's front).
+    pub(crate) fn rope_table(&self, i: usize) -> &RopeTable {
+        &self.ropes[i]
+    }
+}
+
 impl Backend for Cpu {
     type Act = Vec<f32>;
     type Matrix = Linear;

@@ -55,13 +55,14 @@ impl RamCache {
     }
 
     /// The longest usable prefix of `prompt` held here (at most `limit` tokens), as a
-    /// fork. The entry's LRU time is refreshed.
+    /// fork. An entry with recurrent state is usable only whole (`SeqCache::restorable`).
+    /// The entry's LRU time is refreshed.
     pub fn lookup(&mut self, prompt: &[u32], limit: usize) -> Option<(usize, SeqCache)> {
         let (i, n) = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (i, common_prefix(&e.tokens, prompt).min(limit)))
+            .map(|(i, e)| (i, e.kv.restorable(common_prefix(&e.tokens, prompt).min(limit))))
             .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))?;
         if n == 0 {
             return None;
@@ -182,6 +183,24 @@ mod tests {
         assert_eq!(c.lookup(&[1, 2, 3, 4], 3).unwrap().0, 3, "one prompt token is always left to compute");
         assert_eq!(c.lookup(&[1, 2, 9, 9], 3).unwrap().0, 3);
         assert!(c.lookup(&[7, 7], 1).is_none());
+    }
+
+    /// An entry with recurrent state serves only a prompt that extends all of it.
+    #[test]
+    fn recurrent_entries_restore_only_whole() {
+        let shape = crate::recurrent::RecurrentShape { layers: 1, conv: 2, ssm: 4 };
+        let mut whole = SeqCache::new(SHAPE);
+        whole.recurrent_mut(shape).expect("fresh state");
+        whole.reserve(4);
+        whole.commit(4);
+        let mut c = RamCache::new(u64::MAX);
+        c.insert(toks(&[1, 2, 3, 4]), whole, false);
+        let (n, fork) = c.lookup(&[1, 2, 3, 4, 5], 4).expect("the whole entry");
+        assert_eq!((n, fork.len(), fork.has_recurrent()), (4, 4, true));
+        assert!(c.lookup(&[1, 2, 3, 9], 3).is_none(), "a shorter prefix cannot be cut from the state");
+        assert!(c.lookup(&[1, 2, 3, 4], 3).is_none(), "nor the prompt itself less its last token");
+        c.insert(toks(&[1, 2, 7]), kv(3), false);
+        assert_eq!(c.lookup(&[1, 2, 3, 9], 3).map(|(n, _)| n), Some(2), "a plain entry still forks");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod attention;
+pub mod delta_net;
 mod lanes;
 mod linear;
 pub(crate) mod moe;

@@ -40,7 +40,9 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-fn rms_scale(row: &[f32], eps: f32) -> f32 {
+/// ggml's `rms_norm` factor of one row: `1 / sqrt(mean(x²) + eps)`, the squares summed in
+/// f64.
+pub(crate) fn rms_scale(row: &[f32], eps: f32) -> f32 {
     let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / row.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()

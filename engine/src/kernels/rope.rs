@@ -171,17 +171,24 @@ impl RopeTable {
 
     /// Rotate `x` laid out `[n][heads][head_dim]` in place.
     pub fn apply(&self, x: &mut [f32], heads: usize, style: RopeStyle) {
-        let d = self.half * 2;
-        by_rows(x, heads * d, 4, |rows, t0| self.apply_rows(rows, t0, heads, style));
+        self.apply_partial(x, heads, self.half * 2, style);
     }
 
-    fn apply_rows(&self, x: &mut [f32], t0: usize, heads: usize, style: RopeStyle) {
+    /// Rotate the first `2 * half` dimensions of every `head_dim`-wide head of `x`
+    /// (`[n][heads][head_dim]`) and leave the rest as they are: a partial rotary embedding
+    /// (qwen35 rotates 64 of 256), as ggml's rope copies the dimensions past `n_dims`.
+    pub fn apply_partial(&self, x: &mut [f32], heads: usize, head_dim: usize, style: RopeStyle) {
+        by_rows(x, heads * head_dim, 4, |rows, t0| self.apply_rows(rows, t0, heads * head_dim, head_dim, style));
+    }
+
+    fn apply_rows(&self, x: &mut [f32], t0: usize, width: usize, head_dim: usize, style: RopeStyle) {
         let d = self.half * 2;
-        for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+        for (t, row) in x.chunks_exact_mut(width).enumerate() {
             let t = t0 + t;
             let cos = &self.cos[t * self.half..][..self.half];
             let sin = &self.sin[t * self.half..][..self.half];
-            for head in row.chunks_exact_mut(d) {
+            for head in row.chunks_exact_mut(head_dim) {
+                let head = &mut head[..d];
                 match style {
                     RopeStyle::Interleaved => {
                         for (i, pair) in head.chunks_exact_mut(2).enumerate() {
@@ -222,6 +229,22 @@ mod tests {
         RopeTable::new(1, 1, 4, 10_000.0).apply(&mut y, 1, RopeStyle::Interleaved);
         assert!((y[0] - 1f32.cos()).abs() < 1e-6 && (y[1] - 1f32.sin()).abs() < 1e-6);
     }
+    /// A partial rotation turns the first dimensions of each head as a whole-head table of
+    /// that size does, and leaves the others untouched.
+    #[test]
+    fn partial_rope_rotates_the_front_of_each_head() {
+        let t = RopeTable::new(5, 1, 4, 10_000.0);
+        let x: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let mut part = x.clone();
+        t.apply_partial(&mut part, 2, 8, RopeStyle::Neox);
+        for h in 0..2 {
+            let mut front = x[h * 8..h * 8 + 4].to_vec();
+            t.apply(&mut front, 1, RopeStyle::Neox);
+            assert_eq!(&part[h * 8..h * 8 + 4], &front[..]);
+            assert_eq!(&part[h * 8 + 4..h * 8 + 8], &x[h * 8 + 4..h * 8 + 8]);
+        }
+    }
+
     /// Without scaling or factors the scaled table is the plain one, bit for bit (the
     /// llama and gemma3 parity stands on it); factors divide each pair's angle; linear
     /// scaling multiplies it; YaRN scales cos/sin by its attention factor.

@@ -6,6 +6,7 @@
 mod gemma3;
 mod gptoss;
 mod llama;
+mod qwen35;
 
 use std::sync::Arc;
 
@@ -51,7 +52,19 @@ fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Arc
         }
         Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),
         Arch::GptOss => Arc::new(gptoss::GptOss::load(b, g, config)?),
+        // Only on the CPU (`build_cpu`): the other backends have no recurrent layers.
+        Arch::Qwen35 => return Err(Error::Tensor { name: "qwen35".into(), reason: NO_CUDA_QWEN35.into() }),
     })
+}
+
+const NO_CUDA_QWEN35: &str = "qwen35 has no CUDA path yet (Gated DeltaNet layers): run it with --device cpu";
+
+/// `build` on the CPU backend, where the hybrid qwen35 runs too.
+fn build_cpu(g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Architecture>> {
+    match config.arch {
+        Arch::Qwen35 => Ok(Arc::new(qwen35::Qwen35::load(g, config)?)),
+        _ => build(Cpu, g, config),
+    }
 }
 
 /// The tensors around the blocks: the embedding table, the final norm, and the output
@@ -108,7 +121,7 @@ impl Model {
         };
         let (arch, device, gpu) = match on_gpu {
             Some((arch, b)) => (arch, b.kind(), Some(b)),
-            None => (build(Cpu, g, &config)?, DeviceKind::Cpu, None),
+            None => (build_cpu(g, &config)?, DeviceKind::Cpu, None),
         };
         tracing::info!(device = %device.label(), "model loaded");
         Ok(Self { config: Arc::new(config), arch, numerics: Numerics::default(), device, gpu })
@@ -167,8 +180,16 @@ impl Model {
         &self.config
     }
 
+    /// The KV cache's shape: the layers that attend (a hybrid model's recurrent layers
+    /// keep their state beside it, `SeqCache::recurrent_mut`).
     pub fn kv_shape(&self) -> KvShape {
-        KvShape { n_layers: self.config.n_layers, kv_dim: self.config.kv_dim() }
+        KvShape { n_layers: self.config.kv_layers(), kv_dim: self.config.kv_dim() }
+    }
+
+    /// Whether sequences carry recurrent state besides their KV (a hybrid model): such a
+    /// sequence restores only whole, and its KV alone is not worth persisting.
+    pub fn recurrent(&self) -> bool {
+        self.config.hybrid.is_some()
     }
 
     pub fn new_cache(&self) -> SeqCache {

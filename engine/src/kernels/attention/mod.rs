@@ -23,9 +23,9 @@ mod scores;
 mod tile;
 mod values;
 
-/// tinyBLAS's f32 dot (16 FMA lanes, GCC's 512-bit reduction): also the router's matmul.
-pub(crate) use order::dot_lanes;
 use order::{LANES, Order, reduce16};
+/// tinyBLAS's f32 dot (16 FMA lanes, GCC's 512-bit reduction): also the router's matmul.
+pub(crate) use order::{dot_lanes, dot_vec_f32};
 use tile::attend_tile;
 use values::{round_probs, weigh_values};
 

@@ -111,6 +111,19 @@ fn dot_vec_f16(a: &[f32], b: &[f32]) -> f32 {
     sum as f32
 }
 
+/// `ggml_vec_dot_f32` order (AVX-512), as `dot_vec_f16` but with its tail summed in f32
+/// (`sumf += x * y`, contracted to an FMA by ggml's x86 build): the Gated DeltaNet's
+/// state-times-vector products.
+#[inline]
+pub(crate) fn dot_vec_f32(a: &[f32], b: &[f32]) -> f32 {
+    let np = a.len() & !63;
+    let mut sum = reduce16(&lanes::fma4x16(&a[..np], &b[..np]));
+    for (x, y) in a[np..].iter().zip(&b[np..]) {
+        sum = x.mul_add(*y, sum);
+    }
+    sum
+}
+
 /// The lane accumulations of the two dot orders. Each lane is a chain of single-rounding
 /// FMAs in element order, so the AVX2 and portable versions agree bit for bit.
 mod lanes {
