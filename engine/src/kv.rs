@@ -15,11 +15,9 @@
 //! Invariant: positions `< len` are valid in every layer. The model writes positions
 //! `len..len+T` during a forward pass and `commit`s them only when the pass succeeded.
 //!
-//! A hybrid model's sequence also carries its recurrent layers' state
-//! (`crate::recurrent`), the state after exactly `len` positions. It cannot be cut back:
-//! `truncate` or `fork` to fewer positions than `len` drop the whole sequence (empty,
-//! no state), so the model recomputes it from the start rather than continue from a
-//! state that belongs to other tokens. `restorable` says what a fork would keep.
+//! A hybrid model's sequence also carries its recurrent state (`crate::recurrent`) after
+//! exactly `len` positions. It cannot be cut back: `truncate`/`fork` to fewer positions
+//! drop the whole sequence, and the model recomputes (`restorable` says what is kept).
 //!
 //! These host blocks are always the truth. A GPU backend keeps a `Mirror` of the first
 //! positions in device memory (attention reads it there) and writes every new position
@@ -177,10 +175,7 @@ impl SeqCache {
         if n >= self.len {
             return;
         }
-        let n = match self.recurrent.take() {
-            Some(_) => 0,
-            None => n,
-        };
+        let n = if self.recurrent.take().is_some() { 0 } else { n };
         self.len = n;
         self.blocks.truncate(n.div_ceil(BLOCK_TOKENS));
         if let Some(m) = &mut self.mirror {
