@@ -151,6 +151,7 @@ impl Engine {
             model_fingerprint: self.fingerprint,
             tokenizer_hash: self.tokenizer_hash,
             shape: self.model.kv_shape(),
+            recurrent: self.model.recurrent_shape(),
         }
     }
 

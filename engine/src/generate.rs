@@ -30,7 +30,8 @@ pub fn generate(
     ctx: usize,
     obs: &mut dyn Observer,
 ) -> Result<Outcome> {
-    let mut seq = Sequence::new(std::mem::replace(cache, model.new_cache()), prompt, params, ctx)?;
+    let mut seq = Sequence::new(std::mem::replace(cache, model.new_cache()), prompt, params, ctx)?
+        .with_snapshots(model.recurrent());
     let result = drive(model, tokenizer, &mut seq, obs);
     let (out, c) = seq.into_parts();
     *cache = c;

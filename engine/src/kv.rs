@@ -16,8 +16,10 @@
 //! `len..len+T` during a forward pass and `commit`s them only when the pass succeeded.
 //!
 //! A hybrid model's sequence also carries its recurrent state (`crate::recurrent`) after
-//! exactly `len` positions. It cannot be cut back: `truncate`/`fork` to fewer positions
-//! drop the whole sequence, and the model recomputes (`restorable` says what is kept).
+//! exactly `len` positions, and snapshots of it at some earlier positions (checkpoints,
+//! `crate::checkpoint`). A state cannot be cut back: `truncate`/`fork` to `n` positions
+//! keep the newest checkpoint at or below `n` (`restorable`), KV cut back to it, and
+//! drop the positions after it, which the model then recomputes.
 //!
 //! These host blocks are always the truth. A GPU backend keeps a `Mirror` of the first
 //! positions in device memory (attention reads it there) and writes every new position
@@ -31,6 +33,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 
+use crate::checkpoint;
 use crate::recurrent::{RecurrentShape, RecurrentState};
 
 /// Positions per block.
@@ -105,6 +108,9 @@ pub struct SeqCache {
     /// A hybrid model's recurrent state after `len` positions (`None` before its first
     /// pass, and always for the other models).
     recurrent: Option<Arc<RecurrentState>>,
+    /// Snapshots of the recurrent state, ascending positions `<= len` (none without a
+    /// state). A snapshot at `len` is the same `Arc` as `recurrent` until a pass writes.
+    checkpoints: Vec<(usize, Arc<RecurrentState>)>,
 }
 
 impl Clone for SeqCache {
@@ -115,13 +121,14 @@ impl Clone for SeqCache {
             len: self.len,
             mirror: None,
             recurrent: self.recurrent.clone(),
+            checkpoints: self.checkpoints.clone(),
         }
     }
 }
 
 impl SeqCache {
     pub fn new(shape: KvShape) -> Self {
-        Self { shape, blocks: Vec::new(), len: 0, mirror: None, recurrent: None }
+        Self { shape, blocks: Vec::new(), len: 0, mirror: None, recurrent: None, checkpoints: Vec::new() }
     }
 
     /// The recurrent state to update in this pass, made first (zeros) for a sequence
@@ -139,16 +146,64 @@ impl SeqCache {
     pub(crate) fn clear(&mut self) {
         self.truncate(0);
         self.recurrent = None;
+        self.checkpoints.clear();
     }
 
     /// How many of the first `n` positions a fork would keep: `n` (clamped to `len`),
-    /// except that a sequence with recurrent state keeps all of them or none.
+    /// except that a sequence with recurrent state keeps those up to its newest state at
+    /// or below `n` (a checkpoint, or `len` itself), or none.
     pub fn restorable(&self, n: usize) -> usize {
         let n = n.min(self.len);
         match &self.recurrent {
-            Some(_) if n < self.len => 0,
-            _ => n,
+            Some(_) => checkpoint::restorable(self.state_positions(), n),
+            None => n,
         }
+    }
+
+    /// Positions at which this sequence has a recurrent state: its checkpoints, then
+    /// `len` (empty without a state).
+    pub fn state_positions(&self) -> impl Iterator<Item = usize> + '_ {
+        let live = self.recurrent.as_ref().map(|_| self.len);
+        self.checkpoints.iter().map(|c| c.0).filter(move |&p| Some(p) != live).chain(live)
+    }
+
+    /// The recurrent states with their positions, ascending, the last at `len` (for
+    /// persistence; empty for a sequence without one).
+    pub fn states(&self) -> impl Iterator<Item = (usize, &RecurrentState)> + '_ {
+        let live = self.recurrent.as_ref().map(|r| (self.len, &**r));
+        let len = self.len;
+        self.checkpoints.iter().filter(move |c| c.0 < len).map(|(p, r)| (*p, &**r)).chain(live)
+    }
+
+    /// The state after exactly `n` positions, if this sequence has one there.
+    fn state_at(&self, n: usize) -> Option<Arc<RecurrentState>> {
+        match &self.recurrent {
+            Some(r) if n == self.len => Some(r.clone()),
+            _ => self.checkpoints.iter().find(|c| c.0 == n).map(|c| c.1.clone()),
+        }
+    }
+
+    /// Keep a snapshot of the current recurrent state at `len` (no-op without a state).
+    /// Thinned as `checkpoint::thin` says.
+    pub(crate) fn checkpoint(&mut self) {
+        let Some(r) = &self.recurrent else { return };
+        if self.len == 0 || self.checkpoints.last().is_some_and(|c| c.0 >= self.len) {
+            return;
+        }
+        self.checkpoints.push((self.len, r.clone()));
+        checkpoint::thin(&mut self.checkpoints);
+    }
+
+    /// Give a sequence (of restored KV) its recurrent states, ascending positions, the
+    /// last at `len`. Returns false (and changes nothing) if they do not fit that rule.
+    pub fn set_states(&mut self, mut states: Vec<(usize, Arc<RecurrentState>)>) -> bool {
+        let ascending = states.windows(2).all(|w| w[0].0 < w[1].0);
+        if !ascending || states.last().is_none_or(|l| l.0 != self.len) || states[0].0 == 0 {
+            return false;
+        }
+        self.recurrent = states.pop().map(|s| s.1);
+        self.checkpoints = states;
+        true
     }
 
     /// The backend's copy of this sequence, if it has one.
@@ -170,12 +225,16 @@ impl SeqCache {
     }
 
     /// Keep only the first `n` positions (no-op if `n >= len`). With recurrent state,
-    /// which cannot be cut back, nothing is kept.
+    /// only those up to its newest checkpoint at or below `n` (`restorable`).
     pub fn truncate(&mut self, n: usize) {
         if n >= self.len {
             return;
         }
-        let n = if self.recurrent.take().is_some() { 0 } else { n };
+        let n = self.restorable(n);
+        if self.recurrent.is_some() {
+            self.recurrent = self.state_at(n);
+            self.checkpoints.retain(|c| c.0 <= n);
+        }
         self.len = n;
         self.blocks.truncate(n.div_ceil(BLOCK_TOKENS));
         if let Some(m) = &mut self.mirror {
@@ -192,15 +251,18 @@ impl SeqCache {
             blocks: self.blocks[..n.div_ceil(BLOCK_TOKENS)].to_vec(),
             len: n,
             mirror: None,
-            recurrent: if n > 0 { self.recurrent.clone() } else { None },
+            recurrent: if n > 0 { self.state_at(n) } else { None },
+            checkpoints: self.checkpoints.iter().filter(|c| c.0 <= n).cloned().collect(),
         }
     }
 
-    /// Bytes of KV memory (and recurrent state) this sequence references (shared blocks
-    /// counted in full).
+    /// Bytes of KV memory and recurrent states (checkpoints too) this sequence references
+    /// (shared blocks and states counted in full, a checkpoint at `len` once).
     pub fn bytes(&self) -> usize {
+        let live = self.recurrent.as_ref().filter(|r| !self.checkpoints.last().is_some_and(|c| Arc::ptr_eq(&c.1, r)));
         self.blocks.len() * self.shape.block_floats() * std::mem::size_of::<f16>()
-            + self.recurrent.as_ref().map_or(0, |r| r.bytes())
+            + live.map_or(0, |r| r.bytes())
+            + self.checkpoints.iter().map(|c| c.1.bytes()).sum::<usize>()
     }
 
     /// Whether this sequence carries recurrent state (then persisting its KV alone would
@@ -345,154 +407,10 @@ impl SeqCache {
             }
             blocks.push(Arc::new(blk));
         }
-        Ok(SeqCache { shape, blocks, len: n, mirror: None, recurrent: None })
+        Ok(SeqCache { shape, blocks, len: n, mirror: None, recurrent: None, checkpoints: Vec::new() })
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SHAPE: KvShape = KvShape { n_layers: 2, kv_dim: 4 };
-
-    fn filled(n: usize) -> SeqCache {
-        let mut c = SeqCache::new(SHAPE);
-        c.reserve(n);
-        for layer in 0..2 {
-            let k: Vec<f32> = (0..n * 4).map(|i| (layer * 1000 + i) as f32).collect();
-            let v: Vec<f32> = k.iter().map(|x| -x).collect();
-            c.write(layer, 0, &k, &v);
-        }
-        c.commit(n);
-        c
-    }
-
-    fn key(c: &SeqCache, layer: usize, pos: usize) -> Vec<f32> {
-        let (k, _) = c.block_kv(layer, pos / BLOCK_TOKENS);
-        k[(pos % BLOCK_TOKENS) * 4..][..4].iter().map(|x| x.to_f32()).collect()
-    }
-
-    #[test]
-    fn append_and_read_back() {
-        let c = filled(70);
-        assert_eq!(c.len(), 70);
-        assert_eq!(c.blocks().len(), 3);
-        assert_eq!(key(&c, 1, 69), vec![1276.0, 1277.0, 1278.0, 1279.0]);
-        let (_, v) = c.block_kv(0, 0);
-        assert_eq!(v[4].to_f32(), -4.0);
-    }
-
-    #[test]
-    fn truncate_drops_blocks() {
-        let mut c = filled(70);
-        c.truncate(33);
-        assert_eq!(c.len(), 33);
-        assert_eq!(c.blocks().len(), 2);
-        c.truncate(100);
-        assert_eq!(c.len(), 33);
-        c.truncate(0);
-        assert!(c.is_empty());
-        assert!(c.blocks().is_empty());
-    }
-
-    #[test]
-    fn fork_shares_without_copying_then_copies_on_write() {
-        let a = filled(70);
-        let mut b = a.fork(40);
-        assert_eq!(b.len(), 40);
-        assert_eq!(b.shared_blocks(&a), 2);
-        // Writing position 40 lands in the shared second block: b gets its own copy,
-        // a is untouched, the first block stays shared.
-        b.reserve(1);
-        b.write(0, 40, &[9.0; 4], &[9.0; 4]);
-        b.commit(1);
-        assert_eq!(b.shared_blocks(&a), 1);
-        assert_eq!(key(&b, 0, 40), vec![9.0; 4]);
-        assert_eq!(key(&a, 0, 40), vec![160.0, 161.0, 162.0, 163.0]);
-        assert_eq!(key(&b, 0, 39), key(&a, 0, 39));
-    }
-
-    #[test]
-    fn runs_round_trip_through_from_runs() {
-        let a = filled(70);
-        let runs: Vec<Vec<Vec<f16>>> = (0..2)
-            .flat_map(|l| (0..2).map(move |w| (l, w)))
-            .map(|(l, w)| a.runs(l, w).map(<[f16]>::to_vec).collect())
-            .collect();
-        assert_eq!(runs[0].iter().map(Vec::len).collect::<Vec<_>>(), vec![128, 128, 24]);
-        let flat: Vec<Vec<f16>> = runs.iter().map(|r| r.concat()).collect();
-        let b = SeqCache::from_runs::<()>(SHAPE, 50, |layer, which, pos0, dst| {
-            dst.copy_from_slice(&flat[layer * 2 + which][pos0 * 4..pos0 * 4 + dst.len()]);
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(b.len(), 50);
-        for pos in [0, 31, 32, 49] {
-            assert_eq!(key(&b, 1, pos), key(&a, 1, pos));
-        }
-        let (_, v) = b.block_kv(0, 1);
-        assert_eq!(v[4].to_f32(), -(32.0 * 4.0 + 4.0));
-    }
-
-    /// A sequence with recurrent state forks whole or not at all, and truncating it to
-    /// fewer positions empties it; the state is shared until a fork writes it.
-    #[test]
-    fn recurrent_state_is_kept_only_with_every_position() {
-        let shape = RecurrentShape { layers: 2, conv: 3, ssm: 4 };
-        let mut a = filled(40);
-        assert_eq!(a.restorable(30), 30, "no state: any prefix");
-        assert!(a.recurrent_mut(shape).is_none(), "positions without state cannot continue");
-        let mut a = SeqCache::new(SHAPE);
-        a.recurrent_mut(shape).expect("a fresh sequence starts from zeros").layer_mut(1).1[2] = 5.0;
-        a.reserve(40);
-        a.commit(40);
-        assert_eq!((a.restorable(40), a.restorable(99), a.restorable(39)), (40, 40, 0));
-        let mut whole = a.fork(40);
-        assert_eq!((whole.len(), a.fork(39).len()), (40, 0));
-        assert!(a.fork(39).recurrent_mut(shape).is_some(), "an empty fork starts afresh");
-        whole.recurrent_mut(shape).expect("shared state").layer_mut(1).1[2] = 7.0;
-        assert_eq!(a.recurrent_mut(shape).expect("own state").layer_mut(1).1[2], 5.0, "copied on write");
-        assert!(a.recurrent_mut(RecurrentShape { layers: 1, ..shape }).is_none(), "another model's state");
-        let bytes = a.bytes();
-        a.truncate(39);
-        assert_eq!((a.len(), a.has_recurrent()), (0, false));
-        assert!(bytes > a.bytes());
-    }
-
-    #[test]
-    fn fork_on_block_boundary_shares_all_full_blocks() {
-        let a = filled(64);
-        let mut b = a.fork(64);
-        b.reserve(5);
-        assert_eq!(b.shared_blocks(&a), 2);
-        assert_eq!(b.blocks().len(), 3);
-    }
-
-    /// The GPU's copy back, any thread count, equals writing the same values per layer
-    /// (positions starting inside a block and ending inside another).
-    #[test]
-    fn layers_written_at_once_equal_layer_by_layer() {
-        let (pos0, n) = (45, 60);
-        let val = |layer: usize, which: usize, i: usize| (layer * 10_000 + which * 5_000 + i) as f32;
-        let planes: Vec<Vec<f16>> =
-            (0..4).map(|p| (0..n * 4).map(|i| f16::from_f32(val(p / 2, p % 2, i))).collect()).collect();
-        let mut want = filled(pos0);
-        want.reserve(n);
-        for layer in 0..2 {
-            let f = |which: usize| (0..n * 4).map(|i| val(layer, which, i)).collect::<Vec<f32>>();
-            want.write(layer, pos0, &f(0), &f(1));
-        }
-        want.commit(n);
-        for threads in [1, 3, 8] {
-            let mut got = filled(pos0);
-            got.reserve(n);
-            got.write_f16_layers(pos0, n, |layer, which| &planes[layer * 2 + which], threads);
-            got.commit(n);
-            for layer in 0..2 {
-                for which in 0..2 {
-                    assert!(got.runs(layer, which).eq(want.runs(layer, which)), "{threads} threads, layer {layer}");
-                }
-            }
-        }
-    }
-}
+#[path = "kv_tests.rs"]
+mod tests;

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod builtin_templates;
 pub mod cache;
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
 mod config_hybrid;
 pub mod detok;

@@ -3,9 +3,10 @@
 //! rule's matrix state per value head — the state after exactly the sequence's committed
 //! positions. It lives in the sequence's `SeqCache` beside the attention layers' KV.
 //!
-//! Unlike KV, it cannot be cut back to an earlier position: `SeqCache` drops the whole
-//! sequence when asked to (see `kv.rs`), and the model recomputes. Sharing is by `Arc`
-//! (a fork of a whole cached sequence shares it; the first pass that writes copies it).
+//! Unlike KV, it cannot be cut back to an earlier position: a sequence keeps snapshots of
+//! it at a few positions (`crate::checkpoint` says which), and cutting it back restores
+//! the newest snapshot at or below the cut. Sharing is by `Arc` (forks and snapshots share
+//! a state; the first pass that writes copies it).
 
 /// Floats per recurrent layer: the convolution's state and the delta rule's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,6 +30,25 @@ pub struct RecurrentState {
 impl RecurrentState {
     pub fn new(shape: RecurrentShape) -> Self {
         Self { shape, conv: vec![0.0; shape.layers * shape.conv], ssm: vec![0.0; shape.layers * shape.ssm] }
+    }
+
+    /// A state from its parts (a file's), if their lengths fit `shape`.
+    pub fn from_parts(shape: RecurrentShape, conv: Vec<f32>, ssm: Vec<f32>) -> Option<Self> {
+        (conv.len() == shape.layers * shape.conv && ssm.len() == shape.layers * shape.ssm).then_some(Self {
+            shape,
+            conv,
+            ssm,
+        })
+    }
+
+    /// Every layer's convolution state, `[layer][conv]`.
+    pub fn conv(&self) -> &[f32] {
+        &self.conv
+    }
+
+    /// Every layer's delta-rule state, `[layer][ssm]`.
+    pub fn ssm(&self) -> &[f32] {
+        &self.ssm
     }
 
     pub fn shape(&self) -> RecurrentShape {

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::checkpoint;
 use crate::detok::Utf8Stream;
 use crate::error::{Error, Result};
 use crate::grammar::Grammar;
@@ -167,6 +168,8 @@ pub struct Sequence {
     started: Instant,
     decode_started: Option<Instant>,
     done: bool,
+    /// Snapshot the recurrent state while reading the prompt (a hybrid model's sequence).
+    snapshots: bool,
 }
 
 impl Sequence {
@@ -180,7 +183,11 @@ impl Sequence {
             return Err(Error::ContextExceeded { prompt: prompt.len(), ctx });
         }
         cache.truncate(prompt.len() - 1);
+        // The state it resumes from stays a checkpoint (often the end of an earlier
+        // request, which this sequence's cache entry will supersede).
+        cache.checkpoint();
         let cached = cache.len();
+        let cache_has_state = cache.has_recurrent();
         Ok(Sequence {
             prompt: prompt.to_vec(),
             cache,
@@ -209,7 +216,15 @@ impl Sequence {
             started: Instant::now(),
             decode_started: None,
             done: false,
+            snapshots: cache_has_state,
         })
+    }
+
+    /// Whether to snapshot the recurrent state while reading the prompt (on by default
+    /// for a cache that has one; a hybrid model's fresh sequence has none yet).
+    pub fn with_snapshots(mut self, on: bool) -> Self {
+        self.snapshots = on;
+        self
     }
 
     /// Its next pass carries other sequences too.
@@ -232,10 +247,15 @@ impl Sequence {
     }
 
     /// What to run next: up to `chunk` prompt tokens (logits only for the prompt's last
-    /// one), or the last sampled token.
+    /// one), or the last sampled token. A sequence that snapshots its recurrent state
+    /// ends its chunks where it does (`checkpoint::chunk_end`).
     pub fn input(&mut self, chunk: usize) -> Row<'_> {
         if self.prefilling() {
-            let end = (self.fed + chunk.max(1)).min(self.prompt.len());
+            let end = if self.snapshots {
+                checkpoint::chunk_end(self.fed, chunk, self.prompt.len())
+            } else {
+                (self.fed + chunk.max(1)).min(self.prompt.len())
+            };
             self.pending = end - self.fed;
             let logits = if end == self.prompt.len() { Logits::Last } else { Logits::None };
             return Row { tokens: &self.prompt[self.fed..end], cache: &mut self.cache, logits };
@@ -253,6 +273,9 @@ impl Sequence {
     pub fn advance(&mut self, mut logits: Vec<f32>, tokenizer: &Tokenizer, obs: &mut dyn Observer) -> Result<()> {
         if self.prefilling() {
             self.fed += self.pending;
+            if checkpoint::snapshot_due(self.fed, self.prompt.len()) {
+                self.cache.checkpoint();
+            }
             if self.prefilling() {
                 return Ok(());
             }

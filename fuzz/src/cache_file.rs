@@ -24,7 +24,7 @@ const N_TOKENS: usize = 33;
 const CHECKSUM_AT: usize = 248;
 
 fn identity() -> Identity {
-    Identity { model_fingerprint: [7; 32], tokenizer_hash: [9; 32], shape: SHAPE }
+    Identity { model_fingerprint: [7; 32], tokenizer_hash: [9; 32], shape: SHAPE, recurrent: None }
 }
 
 struct Valid {

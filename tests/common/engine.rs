@@ -155,5 +155,10 @@ pub fn kv_file_identity(bytes: &[u8]) -> corral_engine::cache::file::Identity {
         model_fingerprint: bytes[16..48].try_into().unwrap(),
         tokenizer_hash: bytes[48..80].try_into().unwrap(),
         shape: corral_engine::kv::KvShape { n_layers: u32_at(116), kv_dim: u32_at(120) },
+        recurrent: (u32_at(160) > 0).then(|| corral_engine::recurrent::RecurrentShape {
+            layers: u32_at(160),
+            conv: u32_at(164),
+            ssm: u32_at(168),
+        }),
     }
 }

@@ -91,6 +91,7 @@ pub mod chat;
 pub mod engine;
 pub mod fake_hub;
 pub mod gateway;
+pub mod generated;
 pub mod http;
 pub mod loopback;
 pub mod procfs;

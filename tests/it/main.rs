@@ -27,6 +27,7 @@ mod gateway_limits;
 mod gateway_real;
 mod harmony;
 mod hf_cache;
+mod hybrid_cache;
 mod lifecycle_real;
 mod metrics;
 mod openapi;

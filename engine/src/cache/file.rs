@@ -1,27 +1,33 @@
-//! One prompt-cache entry on disk: the KV of a token sequence, in an immutable file.
+//! One prompt-cache entry on disk: the KV of a token sequence (and a hybrid model's
+//! recurrent states at some of its positions), in an immutable file.
 //!
 //! Layout (little-endian, see `docs/formats.md`): a fixed 256-byte header, the token
-//! ids, a tensor table (one K and one V tensor per layer, `[n_tokens][kv_dim]` f16, each
-//! with an XXH3-64 checksum), zero padding to a 4 KiB-aligned body, the tensors, and a
-//! 24-byte footer repeating the checksums so a torn or garbage tail is seen without
+//! ids, a tensor table (one K and one V tensor per layer, `[n_tokens][kv_dim]` f16, then
+//! per recurrent state a convolution and a delta-rule tensor, `[layers][floats]` f32;
+//! each with an XXH3-64 checksum), zero padding to a 4 KiB-aligned body, the tensors, and
+//! a 24-byte footer repeating the checksums so a torn or garbage tail is seen without
 //! reading the body. Nothing here trusts a byte it has not checked: every offset and
 //! length is checked with checked arithmetic against the real file size before the body
-//! is mapped.
+//! is mapped (`file_header.rs`).
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::f16;
 use memmap2::Mmap;
 use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
+use crate::checkpoint;
 use crate::kv::{KvShape, SeqCache};
+use crate::recurrent::{RecurrentShape, RecurrentState};
 
 pub const MAGIC: [u8; 8] = *b"CORRALKV";
 pub const FOOTER_MAGIC: [u8; 8] = *b"KVCORRAL";
-pub const FORMAT_VERSION: u16 = 1;
+/// 2: recurrent states (format 1 held KV only).
+pub const FORMAT_VERSION: u16 = 2;
 /// Bumped whenever the meaning of the stored values changes (KV numerics, layout).
 pub const KV_LAYOUT_VERSION: u32 = 1;
 pub const DTYPE_F16: u32 = 1;
@@ -31,7 +37,12 @@ pub const FOOTER: usize = 24;
 pub const BODY_ALIGN: u64 = 4096;
 /// Longest sequence a file may hold (a bound on what a corrupt header can ask for).
 pub const MAX_TOKENS: usize = 1 << 24;
-const CHECKSUM_AT: usize = 248;
+pub(super) const CHECKSUM_AT: usize = 248;
+/// Tensor kinds: a layer's K and V, a recurrent state's convolution and delta-rule parts.
+pub const KIND_K: u32 = 0;
+pub const KIND_V: u32 = 1;
+pub const KIND_CONV: u32 = 2;
+pub const KIND_SSM: u32 = 3;
 /// Bytes written per step; the writer may pause between steps.
 pub const WRITE_CHUNK: usize = 1 << 20;
 
@@ -41,6 +52,8 @@ pub struct Identity {
     pub model_fingerprint: [u8; 32],
     pub tokenizer_hash: [u8; 32],
     pub shape: KvShape,
+    /// A hybrid model's recurrent state shape (its files carry states); `None` otherwise.
+    pub recurrent: Option<RecurrentShape>,
 }
 
 /// Why a file was not used. Every one is a cache miss; `Newer` files are left alone
@@ -63,7 +76,7 @@ pub enum Reject {
     OtherModel,
     #[error("written with another tokenizer")]
     OtherTokenizer,
-    #[error("KV shape or layout differs from this model's")]
+    #[error("KV or recurrent shape or layout differs from this model's")]
     Shape,
     #[error("file size {have} does not match its header ({want})")]
     Size { have: u64, want: u64 },
@@ -82,8 +95,9 @@ impl Reject {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorEntry {
+    /// The layer (K, V), or the token position a recurrent state belongs to.
     pub layer: u32,
-    /// 0 = K, 1 = V.
+    /// `KIND_K`, `KIND_V`, `KIND_CONV` or `KIND_SSM`.
     pub kind: u32,
     /// From the start of the body.
     pub offset: u64,
@@ -100,6 +114,9 @@ pub struct Header {
     pub prefix_key: [u8; 32],
     pub tokens: Vec<u32>,
     pub tensors: Vec<TensorEntry>,
+    /// Token positions with a recurrent state, ascending (the last is `tokens.len()`);
+    /// empty for a model without recurrent layers.
+    pub states: Vec<u32>,
     pub body_offset: u64,
     pub body_len: u64,
     pub header_checksum: u64,
@@ -120,216 +137,13 @@ pub fn file_name(tokens: &[u32]) -> String {
     format!("{hex}.kv")
 }
 
-fn header_len(n_tokens: usize, n_tensors: usize) -> usize {
-    FIXED_HEADER + n_tokens * 4 + n_tensors * TENSOR_ENTRY
-}
+pub use super::file_header::read_header;
+use super::file_header::{body_checksum, encode_header, header_len};
 
-fn tensor_order(shape: &KvShape) -> impl Iterator<Item = (usize, usize)> {
-    (0..shape.n_layers).flat_map(|l| (0..2).map(move |w| (l, w)))
-}
-
-fn body_checksum(tensors: &[TensorEntry]) -> u64 {
-    let mut h = Xxh3::new();
-    for t in tensors {
-        h.update(&t.checksum.to_le_bytes());
-    }
-    h.digest()
-}
-
-fn encode_header(h: &Header) -> Vec<u8> {
-    let id = &h.identity;
-    let mut b = Vec::with_capacity(header_len(h.tokens.len(), h.tensors.len()));
-    b.extend_from_slice(&MAGIC);
-    b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    b.extend_from_slice(&0u16.to_le_bytes());
-    b.extend_from_slice(&(header_len(h.tokens.len(), h.tensors.len()) as u32).to_le_bytes());
-    b.extend_from_slice(&id.model_fingerprint);
-    b.extend_from_slice(&id.tokenizer_hash);
-    b.extend_from_slice(&h.prefix_key);
-    for v in [h.tokens.len() as u32, id.shape.n_layers as u32, id.shape.kv_dim as u32, DTYPE_F16, KV_LAYOUT_VERSION] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.extend_from_slice(&(h.tensors.len() as u32).to_le_bytes());
-    for v in [h.body_offset, h.body_len, h.created_unix] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.resize(FIXED_HEADER, 0);
-    b.extend_from_slice(bytemuck::cast_slice(&h.tokens));
-    for t in &h.tensors {
-        for v in [t.layer, t.kind] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in [t.offset, t.len] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in [t.rows, t.cols] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.extend_from_slice(&t.checksum.to_le_bytes());
-    }
-    let sum = xxh3_64(&b);
-    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum.to_le_bytes());
-    b
-}
-
-struct Cursor<'a>(&'a [u8]);
-
-impl Cursor<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        let (a, rest) = self.0.split_at(N);
-        self.0 = rest;
-        a.try_into().expect("split_at(N)")
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take())
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take())
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take())
-    }
-}
-
-fn bad(msg: impl Into<String>) -> Reject {
-    Reject::Header(msg.into())
-}
-
-/// Read and check a file's header and footer (not the body's checksums: see `restore`).
-pub fn read_header(path: &Path, expect: &Identity) -> Result<Header, Reject> {
-    let mut f = File::open(path)?;
-    let file_len = f.metadata()?.len();
-    let mut fixed = [0u8; FIXED_HEADER];
-    if file_len < (FIXED_HEADER + FOOTER) as u64 {
-        // Too short to be anything; a zero-length or torn file.
-        let n = f.read(&mut fixed)?;
-        if n < 8 || fixed[..8] != MAGIC {
-            return Err(Reject::Magic);
-        }
-        return Err(Reject::Size { have: file_len, want: (FIXED_HEADER + FOOTER) as u64 });
-    }
-    f.read_exact(&mut fixed)?;
-    let mut c = Cursor(&fixed);
-    if c.take::<8>() != MAGIC {
-        return Err(Reject::Magic);
-    }
-    let version = c.u16();
-    if version > FORMAT_VERSION {
-        return Err(Reject::Newer(version));
-    }
-    if version < FORMAT_VERSION {
-        return Err(Reject::Older(version));
-    }
-    let _flags = c.u16();
-    let hlen = c.u32() as usize;
-    let fingerprint: [u8; 32] = c.take();
-    let tokenizer: [u8; 32] = c.take();
-    let prefix: [u8; 32] = c.take();
-    let (n_tokens, n_layers, kv_dim, dtype, layout, n_tensors) =
-        (c.u32() as usize, c.u32() as usize, c.u32() as usize, c.u32(), c.u32(), c.u32() as usize);
-    let (body_offset, body_len, created_unix) = (c.u64(), c.u64(), c.u64());
-    if n_tokens == 0 || n_tokens > MAX_TOKENS || n_tensors > 2 * 4096 {
-        return Err(bad(format!("{n_tokens} tokens, {n_tensors} tensors")));
-    }
-    if hlen != header_len(n_tokens, n_tensors) || hlen as u64 > file_len {
-        return Err(bad(format!("header length {hlen}")));
-    }
-    let mut rest = vec![0u8; hlen - FIXED_HEADER];
-    f.read_exact(&mut rest)?;
-    let mut whole = fixed.to_vec();
-    whole.extend_from_slice(&rest);
-    let stored = u64::from_le_bytes(whole[CHECKSUM_AT..CHECKSUM_AT + 8].try_into().expect("8 bytes"));
-    whole[CHECKSUM_AT..CHECKSUM_AT + 8].fill(0);
-    if xxh3_64(&whole) != stored {
-        return Err(Reject::HeaderChecksum);
-    }
-    if fingerprint != expect.model_fingerprint {
-        return Err(Reject::OtherModel);
-    }
-    if tokenizer != expect.tokenizer_hash {
-        return Err(Reject::OtherTokenizer);
-    }
-    if n_layers != expect.shape.n_layers
-        || kv_dim != expect.shape.kv_dim
-        || dtype != DTYPE_F16
-        || layout != KV_LAYOUT_VERSION
-    {
-        return Err(Reject::Shape);
-    }
-    let tokens: Vec<u32> =
-        rest[..n_tokens * 4].chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
-    if prefix_key(&tokens) != prefix {
-        return Err(bad("prefix key does not match the token ids"));
-    }
-    let mut c = Cursor(&rest[n_tokens * 4..]);
-    let tensors: Vec<TensorEntry> = (0..n_tensors)
-        .map(|_| TensorEntry {
-            layer: c.u32(),
-            kind: c.u32(),
-            offset: c.u64(),
-            len: c.u64(),
-            rows: c.u32(),
-            cols: c.u32(),
-            checksum: c.u64(),
-        })
-        .collect();
-    let want_len = body_offset
-        .checked_add(body_len)
-        .and_then(|x| x.checked_add(FOOTER as u64))
-        .ok_or_else(|| bad("body range overflows"))?;
-    if body_offset < hlen as u64 || !body_offset.is_multiple_of(BODY_ALIGN) {
-        return Err(bad(format!("body offset {body_offset}")));
-    }
-    if want_len != file_len {
-        return Err(Reject::Size { have: file_len, want: want_len });
-    }
-    let row_bytes = (kv_dim as u64) * 2;
-    let mut expected_order = tensor_order(&expect.shape);
-    if tensors.len() != 2 * n_layers {
-        return Err(bad("tensor table does not cover every layer"));
-    }
-    for t in &tensors {
-        let (l, w) = expected_order.next().ok_or_else(|| bad("tensor table too long"))?;
-        let end = t.offset.checked_add(t.len).ok_or_else(|| bad("tensor range overflows"))?;
-        if (t.layer as usize, t.kind as usize) != (l, w)
-            || t.rows as usize != n_tokens
-            || t.cols as usize != kv_dim
-            || Some(t.len) != (n_tokens as u64).checked_mul(row_bytes)
-            || end > body_len
-        {
-            return Err(bad(format!("tensor entry for layer {} kind {}", t.layer, t.kind)));
-        }
-    }
-    let header = Header {
-        identity: expect.clone(),
-        prefix_key: prefix,
-        tokens,
-        body_checksum: body_checksum(&tensors),
-        tensors,
-        body_offset,
-        body_len,
-        header_checksum: stored,
-        created_unix,
-        file_len,
-    };
-    read_footer(&mut f, &header)?;
-    Ok(header)
-}
-
-fn read_footer(f: &mut File, h: &Header) -> Result<(), Reject> {
-    use std::io::{Seek, SeekFrom};
-    f.seek(SeekFrom::Start(h.file_len - FOOTER as u64))?;
-    let mut foot = [0u8; FOOTER];
-    f.read_exact(&mut foot)?;
-    let mut c = Cursor(&foot);
-    if c.take::<8>() != FOOTER_MAGIC || c.u64() != h.body_checksum || c.u64() != h.header_checksum {
-        return Err(Reject::Footer);
-    }
-    Ok(())
-}
-
-/// Map a checked file and build the KV of its first `n` positions. With `verify`, every
-/// tensor's checksum is checked first (the whole body is read).
+/// Map a checked file and build the sequence of its first `n` positions: for a file with
+/// recurrent states, of its newest state at or below `n` (`checkpoint::restorable`), with
+/// the states up to it; fewer than `n` positions, or none, may come back. With `verify`,
+/// every tensor's checksum is checked first (the whole body is read).
 pub fn restore(path: &Path, h: &Header, n: usize, verify: bool) -> Result<SeqCache, Reject> {
     let f = File::open(path)?;
     if f.metadata()?.len() != h.file_len {
@@ -341,23 +155,48 @@ pub fn restore(path: &Path, h: &Header, n: usize, verify: bool) -> Result<SeqCac
     // just above, and every range below is within it.
     let map = unsafe { Mmap::map(&f) }?;
     let body = &map[h.body_offset as usize..(h.body_offset + h.body_len) as usize];
+    let bytes = |t: &TensorEntry| &body[t.offset as usize..(t.offset + t.len) as usize];
     if verify {
         for (i, t) in h.tensors.iter().enumerate() {
-            if xxh3_64(&body[t.offset as usize..(t.offset + t.len) as usize]) != t.checksum {
+            if xxh3_64(bytes(t)) != t.checksum {
                 return Err(Reject::TensorChecksum(i));
             }
         }
     }
-    let n = n.min(h.tokens.len());
+    let mut n = n.min(h.tokens.len());
+    if !h.states.is_empty() {
+        n = checkpoint::restorable(h.states.iter().map(|&p| p as usize), n);
+    }
     let d = h.identity.shape.kv_dim;
-    let kv = SeqCache::from_runs::<Reject>(h.identity.shape, n, |layer, which, pos0, dst| {
+    let mut kv = SeqCache::from_runs::<Reject>(h.identity.shape, n, |layer, which, pos0, dst| {
         let t = &h.tensors[layer * 2 + which];
         let start = t.offset as usize + pos0 * d * 2;
         let src = &body[start..start + dst.len() * 2];
         bytemuck::cast_slice_mut::<f16, u8>(dst).copy_from_slice(src);
         Ok(())
     })?;
+    if let (Some(shape), true) = (h.identity.recurrent, n > 0) {
+        let pairs = h.tensors[2 * h.identity.shape.n_layers..].chunks_exact(2);
+        let states = pairs
+            .filter(|p| p[0].layer as usize <= n)
+            .map(|p| {
+                let state = RecurrentState::from_parts(shape, floats(bytes(&p[0])), floats(bytes(&p[1])));
+                Ok((p[0].layer as usize, Arc::new(state.ok_or(Reject::Shape)?)))
+            })
+            .collect::<Result<Vec<_>, Reject>>()?;
+        if !kv.set_states(states) {
+            return Err(Reject::Header("recurrent states do not end at the restored position".into()));
+        }
+    }
     Ok(kv)
+}
+
+/// Little-endian f32s from bytes at any alignment.
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    let n = bytes.len() / 4;
+    let mut v = vec![0f32; n];
+    bytemuck::cast_slice_mut::<f32, u8>(&mut v).copy_from_slice(&bytes[..n * 4]);
+    v
 }
 
 /// Check every checksum of a file (for tests and `corral` tooling).
@@ -406,13 +245,35 @@ pub fn write(
     }
 }
 
+fn kv_order(shape: &KvShape) -> impl Iterator<Item = (usize, usize)> {
+    (0..shape.n_layers).flat_map(|l| (0..2).map(move |w| (l, w)))
+}
+
+/// The body's tensors after the KV: each recurrent state's parts, as (position, kind,
+/// `[layers][floats]` f32). An entry of a hybrid model must have states of its shape, and
+/// another model's none.
+fn state_parts<'a>(id: &Identity, kv: &'a SeqCache) -> io::Result<Vec<(usize, u32, &'a [f32])>> {
+    let mut parts = Vec::new();
+    for (pos, st) in kv.states() {
+        if Some(st.shape()) != id.recurrent {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "a recurrent state of another shape"));
+        }
+        parts.extend([(pos, KIND_CONV, st.conv()), (pos, KIND_SSM, st.ssm())]);
+    }
+    if id.recurrent.is_some() && parts.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "a hybrid model's entry without its recurrent state"));
+    }
+    Ok(parts)
+}
+
 fn write_body(f: &mut File, id: &Identity, tokens: &[u32], kv: &SeqCache, pause: &mut dyn FnMut()) -> io::Result<()> {
     let shape = id.shape;
     let tensor_len = (tokens.len() * shape.kv_dim * 2) as u64;
-    // Checksums first (one pass over the KV in memory), so the header can be written
-    // before the body and the file is written front to back.
-    let mut tensors = Vec::with_capacity(2 * shape.n_layers);
-    for (i, (layer, which)) in tensor_order(&shape).enumerate() {
+    let states = state_parts(id, kv)?;
+    // Checksums first (one pass over the KV and states in memory), so the header can be
+    // written before the body and the file is written front to back.
+    let mut tensors = Vec::with_capacity(2 * shape.n_layers + states.len());
+    for (i, (layer, which)) in kv_order(&shape).enumerate() {
         let mut h = Xxh3::new();
         for run in kv.runs(layer, which) {
             h.update(bytemuck::cast_slice(run));
@@ -427,6 +288,21 @@ fn write_body(f: &mut File, id: &Identity, tokens: &[u32], kv: &SeqCache, pause:
             checksum: h.digest(),
         });
     }
+    let mut offset = tensor_len * 2 * shape.n_layers as u64;
+    let layers = id.recurrent.map_or(0, |r| r.layers);
+    for &(pos, kind, values) in &states {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        tensors.push(TensorEntry {
+            layer: pos as u32,
+            kind,
+            offset,
+            len: bytes.len() as u64,
+            rows: layers as u32,
+            cols: (values.len() / layers.max(1)) as u32,
+            checksum: xxh3_64(bytes),
+        });
+        offset += bytes.len() as u64;
+    }
     let hlen = header_len(tokens.len(), tensors.len()) as u64;
     let body_offset = hlen.div_ceil(BODY_ALIGN) * BODY_ALIGN;
     let header = Header {
@@ -435,8 +311,9 @@ fn write_body(f: &mut File, id: &Identity, tokens: &[u32], kv: &SeqCache, pause:
         tokens: tokens.to_vec(),
         body_checksum: body_checksum(&tensors),
         tensors,
+        states: states.iter().step_by(2).map(|s| s.0 as u32).collect(),
         body_offset,
-        body_len: tensor_len * 2 * shape.n_layers as u64,
+        body_len: offset,
         header_checksum: 0,
         created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         file_len: 0,
@@ -445,15 +322,26 @@ fn write_body(f: &mut File, id: &Identity, tokens: &[u32], kv: &SeqCache, pause:
     let header_checksum = u64::from_le_bytes(head[CHECKSUM_AT..CHECKSUM_AT + 8].try_into().expect("8 bytes"));
     head.resize(body_offset as usize, 0);
     let mut buf: Vec<u8> = head;
-    for (layer, which) in tensor_order(&shape) {
-        for run in kv.runs(layer, which) {
-            buf.extend_from_slice(bytemuck::cast_slice(run));
+    let mut put = |buf: &mut Vec<u8>, mut bytes: &[u8]| -> io::Result<()> {
+        while !bytes.is_empty() {
+            let take = bytes.len().min(WRITE_CHUNK.saturating_sub(buf.len()).max(1));
+            buf.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
             if buf.len() >= WRITE_CHUNK {
-                f.write_all(&buf)?;
+                f.write_all(buf)?;
                 buf.clear();
                 pause();
             }
         }
+        Ok(())
+    };
+    for (layer, which) in kv_order(&shape) {
+        for run in kv.runs(layer, which) {
+            put(&mut buf, bytemuck::cast_slice(run))?;
+        }
+    }
+    for &(_, _, values) in &states {
+        put(&mut buf, bytemuck::cast_slice(values))?;
     }
     buf.extend_from_slice(&FOOTER_MAGIC);
     buf.extend_from_slice(&header.body_checksum.to_le_bytes());

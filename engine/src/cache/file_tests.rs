@@ -1,10 +1,13 @@
+use std::sync::Arc;
+
 use super::*;
 use crate::kv::BLOCK_TOKENS;
+use crate::recurrent::{RecurrentShape, RecurrentState};
 
 const SHAPE: KvShape = KvShape { n_layers: 3, kv_dim: 8 };
 
 fn identity() -> Identity {
-    Identity { model_fingerprint: [7; 32], tokenizer_hash: [9; 32], shape: SHAPE }
+    Identity { model_fingerprint: [7; 32], tokenizer_hash: [9; 32], shape: SHAPE, recurrent: None }
 }
 
 fn kv(n: usize) -> SeqCache {
@@ -96,11 +99,17 @@ fn every_truncation_is_rejected() {
 fn every_bit_flip_is_detected() {
     let dir = Dir::new("flip");
     let (path, ..) = written(&dir, 40);
-    let bytes = std::fs::read(&path).unwrap();
+    every_bit_flip_is_detected_in(&dir, &path, &identity());
+    let (path, ..) = written_hybrid(&dir, &[16, 40]);
+    every_bit_flip_is_detected_in(&dir, &path, &hybrid_identity());
+}
+
+fn every_bit_flip_is_detected_in(dir: &Dir, path: &Path, id: &Identity) {
+    let bytes = std::fs::read(path).unwrap();
     let copy = dir.0.join("f.kv");
-    let h = read_header(&path, &identity()).unwrap();
+    let h = read_header(path, id).unwrap();
     // Every byte of the header region, then a spread over padding, body and footer.
-    let header_len = FIXED_HEADER + 40 * 4 + 6 * TENSOR_ENTRY;
+    let header_len = FIXED_HEADER + 40 * 4 + h.tensors.len() * TENSOR_ENTRY;
     let body_step = (bytes.len() / 300).max(1);
     let positions =
         (0..header_len).chain((header_len..bytes.len()).step_by(body_step)).chain(bytes.len() - FOOTER..bytes.len());
@@ -112,7 +121,7 @@ fn every_bit_flip_is_detected() {
         let mut b = bytes.clone();
         b[pos] ^= 1 << (pos % 8);
         std::fs::write(&copy, &b).unwrap();
-        rejects(&copy);
+        verify(&copy, id).expect_err("a damaged file must be rejected");
     }
 }
 
@@ -158,4 +167,82 @@ fn another_model_tokenizer_shape_or_version_is_rejected() {
         assert_eq!(matches!(e, Reject::Newer(_)), newer, "{e}");
         assert_eq!(e.is_garbage(), !newer, "newer files are left for a newer corral");
     }
+}
+
+const RECURRENT: RecurrentShape = RecurrentShape { layers: 2, conv: 3, ssm: 5 };
+
+fn hybrid_identity() -> Identity {
+    Identity { recurrent: Some(RECURRENT), ..identity() }
+}
+
+/// A recurrent state whose values tell its position.
+fn state(pos: usize) -> RecurrentState {
+    let v = |n: usize, k: f32| (0..n).map(|i| pos as f32 * k + i as f32).collect();
+    RecurrentState::from_parts(RECURRENT, v(6, 1.0), v(10, -0.5)).unwrap()
+}
+
+/// A hybrid entry of `at.last()` tokens with states at positions `at`.
+fn written_hybrid(dir: &Dir, at: &[usize]) -> (PathBuf, Vec<u32>, SeqCache) {
+    let n = *at.last().unwrap();
+    let tokens: Vec<u32> = (0..n as u32).map(|i| i * 5 + 2).collect();
+    let mut kv = kv(n);
+    assert!(kv.set_states(at.iter().map(|&p| (p, Arc::new(state(p)))).collect()));
+    let path = write(&dir.0, &hybrid_identity(), &tokens, &kv, &mut || {}).unwrap();
+    (path, tokens, kv)
+}
+
+#[test]
+fn recurrent_states_round_trip_and_a_prefix_restores_the_newest_within_it() {
+    let dir = Dir::new("hybrid");
+    let (path, tokens, kv) = written_hybrid(&dir, &[16, 40, 70]);
+    let h = read_header(&path, &hybrid_identity()).unwrap();
+    assert_eq!((h.states.clone(), h.tensors.len()), (vec![16, 40, 70], 6 + 6));
+    for (n, want, states) in
+        [(70, 70, vec![16, 40, 70]), (69, 40, vec![16, 40]), (40, 40, vec![16, 40]), (15, 0, vec![])]
+    {
+        let back = restore(&path, &h, n, true).unwrap();
+        assert_eq!(back.len(), want, "restore({n})");
+        assert!(same(&back, &kv, want));
+        let got: Vec<(usize, RecurrentState)> = back.states().map(|(p, r)| (p, r.clone())).collect();
+        let expected: Vec<(usize, RecurrentState)> = states.iter().map(|&p| (p, state(p))).collect();
+        assert_eq!(got, expected, "restore({n})");
+    }
+    assert_eq!(tokens.len(), 70);
+}
+
+#[test]
+fn a_corrupted_recurrent_section_is_rejected() {
+    let dir = Dir::new("hybrid-bad");
+    let (path, ..) = written_hybrid(&dir, &[16, 40]);
+    let h = read_header(&path, &hybrid_identity()).unwrap();
+    let copy = dir.0.join("r.kv");
+    // One bit of each state tensor (convolution and delta rule, both states).
+    for (i, t) in h.tensors.iter().enumerate().skip(6) {
+        let mut b = std::fs::read(&path).unwrap();
+        b[(h.body_offset + t.offset + t.len - 1) as usize] ^= 0x10;
+        std::fs::write(&copy, &b).unwrap();
+        let e = verify(&copy, &hybrid_identity()).unwrap_err();
+        assert!(matches!(e, Reject::TensorChecksum(j) if j == i), "{e}");
+        let h2 = read_header(&copy, &hybrid_identity()).unwrap();
+        assert!(restore(&copy, &h2, 40, true).is_err(), "a verified restore refuses it");
+    }
+}
+
+#[test]
+fn recurrent_shapes_must_match() {
+    let dir = Dir::new("hybrid-shape");
+    let (hybrid, ..) = written_hybrid(&dir, &[40]);
+    let (plain, ..) = written(&dir, 40);
+    let other = Identity { recurrent: Some(RecurrentShape { ssm: 6, ..RECURRENT }), ..identity() };
+    assert!(matches!(read_header(&hybrid, &other), Err(Reject::Shape)));
+    assert!(matches!(read_header(&hybrid, &identity()), Err(Reject::Shape)), "states a plain model has no place for");
+    assert!(matches!(read_header(&plain, &hybrid_identity()), Err(Reject::Shape)), "KV without the states");
+    // A hybrid model's entry is written only with its states, of its shape.
+    let tokens: Vec<u32> = (0..8).collect();
+    assert!(write(&dir.0, &hybrid_identity(), &tokens, &kv(8), &mut || {}).is_err());
+    let mut wrong = kv(8);
+    wrong.set_states(vec![(8, Arc::new(RecurrentState::new(RecurrentShape { layers: 1, ..RECURRENT })))]);
+    assert!(write(&dir.0, &hybrid_identity(), &tokens, &wrong, &mut || {}).is_err());
+    let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 2, "nothing half-written: {left:?}");
 }

@@ -4,9 +4,12 @@
 //! The generation thread calls `prepare` before a request (the longest cached prefix
 //! of its prompt: a RAM fork, else a restore from disk) and `store` after it (the
 //! prompt plus completion it computed). Everything that touches the disk in the
-//! background pauses while a request runs.
+//! background pauses while a request runs. A hybrid model's entries carry recurrent
+//! states at a few positions (`crate::checkpoint`): a prefix is usable up to the newest
+//! state within it, in RAM and on disk alike.
 
 pub mod file;
+mod file_header;
 pub mod ram;
 pub mod ssd;
 mod writer;
@@ -124,8 +127,8 @@ impl PromptCache {
         self.writer.set_busy(busy);
     }
 
-    /// The KV to start `prompt` from: the longest cached prefix (always leaving one
-    /// prompt token to compute), from RAM or else from disk.
+    /// The sequence to start `prompt` from: the longest usable cached prefix (always
+    /// leaving one prompt token to compute), from RAM or else from disk.
     pub fn prepare(&self, prompt: &[u32]) -> (SeqCache, Source) {
         let limit = prompt.len().saturating_sub(1);
         if !self.enabled() || limit == 0 {
@@ -137,7 +140,9 @@ impl PromptCache {
             && let Some((name, n)) = ssd.lookup(prompt, limit)
             && n > ram_n
             && let Some(kv) = ssd.restore(&name, n)
+            && kv.len() > ram_n
         {
+            let n = kv.len();
             // Keep the restored prefix in RAM too (it is on disk already).
             let tokens: Arc<[u32]> = prompt[..kv.len()].into();
             let file_tokens_match = ssd.covers(&tokens);

@@ -203,6 +203,29 @@ mod tests {
         assert_eq!(c.lookup(&[1, 2, 3, 9], 3).map(|(n, _)| n), Some(2), "a plain entry still forks");
     }
 
+    /// With a checkpoint, a shorter shared prefix restores the checkpoint's position, and
+    /// the longest usable prefix (not the longest shared one) picks the entry.
+    #[test]
+    fn recurrent_entries_restore_their_newest_checkpoint_within_the_prefix() {
+        let shape = crate::recurrent::RecurrentShape { layers: 1, conv: 2, ssm: 4 };
+        let mut hybrid = SeqCache::new(SHAPE);
+        hybrid.recurrent_mut(shape).expect("fresh state");
+        hybrid.reserve(3);
+        hybrid.commit(3);
+        hybrid.checkpoint();
+        hybrid.recurrent_mut(shape).expect("own state");
+        hybrid.reserve(3);
+        hybrid.commit(3);
+        let mut c = RamCache::new(u64::MAX);
+        c.insert(toks(&[1, 2, 3, 4, 5, 6]), hybrid, false);
+        let (n, fork) = c.lookup(&[1, 2, 3, 4, 9], 4).expect("the checkpoint");
+        assert_eq!((n, fork.len(), fork.has_recurrent()), (3, 3, true));
+        assert!(c.lookup(&[1, 2, 9], 2).is_none(), "below the checkpoint");
+        c.insert(toks(&[1, 2, 3, 7]), kv(4), false);
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 9], 4).map(|(n, _)| n), Some(3), "a tie: the older entry");
+        assert_eq!(c.lookup(&[1, 2, 3, 7, 9], 4).map(|(n, _)| n), Some(4), "the plain entry shares more");
+    }
+
     #[test]
     fn an_extension_supersedes_its_prefixes() {
         let mut c = RamCache::new(u64::MAX);

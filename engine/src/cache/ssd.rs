@@ -30,6 +30,8 @@ pub struct SsdConfig {
 struct DiskEntry {
     name: String,
     tokens: Arc<[u32]>,
+    /// Positions with a recurrent state (a hybrid model's file), ascending; empty otherwise.
+    states: Arc<[u32]>,
     bytes: u64,
     last_used: SystemTime,
 }
@@ -64,6 +66,11 @@ pub struct SsdTier {
     pub unusable: Option<String>,
     index: Mutex<Index>,
     pub counters: SsdCounters,
+}
+
+/// How many of the first `n` positions of file `f` can be restored.
+fn usable(f: &DiskEntry, n: usize) -> usize {
+    if f.states.is_empty() { n } else { crate::checkpoint::restorable(f.states.iter().map(|&p| p as usize), n) }
 }
 
 fn hex(b: &[u8]) -> String {
@@ -136,7 +143,8 @@ impl SsdTier {
             match file::read_header(&path, &self.identity) {
                 Ok(h) if file::file_name(&h.tokens) == name => {
                     let last_used = ent.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH);
-                    files.push(DiskEntry { name, tokens: h.tokens.into(), bytes: h.file_len, last_used });
+                    let (tokens, states) = (h.tokens.into(), h.states.into());
+                    files.push(DiskEntry { name, tokens, states, bytes: h.file_len, last_used });
                 }
                 Ok(_) => self.reject(&path, &Reject::Header("file name does not match its tokens".into())),
                 Err(e) => self.reject(&path, &e),
@@ -155,7 +163,8 @@ impl SsdTier {
         (idx.files.len(), idx.bytes)
     }
 
-    /// The file sharing the longest prefix with `prompt` (at most `limit` tokens).
+    /// The file whose usable prefix of `prompt` is longest (at most `limit` tokens; with
+    /// recurrent states, up to the newest state within the shared prefix).
     pub fn lookup(&self, prompt: &[u32], limit: usize) -> Option<(String, usize)> {
         if self.unusable.is_some() {
             return None;
@@ -163,7 +172,7 @@ impl SsdTier {
         let idx = self.lock();
         idx.files
             .iter()
-            .map(|f| (f, common_prefix(&f.tokens, prompt).min(limit)))
+            .map(|f| (f, usable(f, common_prefix(&f.tokens, prompt).min(limit))))
             .filter(|&(_, n)| n > 0)
             .max_by_key(|&(f, n)| (n, f.last_used))
             .map(|(f, n)| (f.name.clone(), n))
@@ -178,7 +187,8 @@ impl SsdTier {
         idx.verified.remove(name);
     }
 
-    /// Load the first `n` positions of file `name`. Any failure is a miss (the file is
+    /// Load the first `n` positions of file `name` (fewer, for a file with recurrent
+    /// states: up to its newest state within them). Any failure is a miss (the file is
     /// counted, logged and, unless it is of a newer format, deleted).
     pub fn restore(&self, name: &str, n: usize) -> Option<SeqCache> {
         let t0 = Instant::now();
@@ -268,6 +278,7 @@ impl SsdTier {
                     idx.files.push(DiskEntry {
                         name: name.clone(),
                         tokens: tokens.clone(),
+                        states: kv.states().map(|s| s.0 as u32).collect(),
                         bytes,
                         last_used: SystemTime::now(),
                     });

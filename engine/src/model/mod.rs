@@ -187,9 +187,18 @@ impl Model {
     }
 
     /// Whether sequences carry recurrent state besides their KV (a hybrid model): such a
-    /// sequence restores only whole, and its KV alone is not worth persisting.
+    /// sequence restores only from its state checkpoints (`crate::checkpoint`).
     pub fn recurrent(&self) -> bool {
         self.config.hybrid.is_some()
+    }
+
+    /// The recurrent state's shape of a hybrid model (what a cache file's states must match).
+    pub fn recurrent_shape(&self) -> Option<crate::recurrent::RecurrentShape> {
+        self.config.hybrid.as_ref().map(|hy| crate::recurrent::RecurrentShape {
+            layers: hy.recurrent_layers(),
+            conv: hy.conv_state(),
+            ssm: hy.ssm_state(),
+        })
     }
 
     pub fn new_cache(&self) -> SeqCache {

@@ -204,7 +204,8 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
         (cx.engine.model.new_cache(), Source::Miss)
     };
     tracing::debug!(cached = cache.len(), source = ?source, "prompt cache");
-    match Sequence::new(cache, &job.prompt, job.params, cx.ctx) {
+    let seq = Sequence::new(cache, &job.prompt, job.params, cx.ctx);
+    match seq.map(|s| s.with_snapshots(cx.engine.model.recurrent())) {
         Ok(seq) => {
             cx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
             cx.stats.submitted_rows.fetch_add(1, Ordering::Relaxed);

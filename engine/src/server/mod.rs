@@ -85,12 +85,8 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let listener = socket::bind(&cfg.socket)?;
     let engine = Arc::new(engine);
     let stats = Arc::new(stats::Stats::new());
-    let mut cache_cfg = cfg.cache.clone();
-    if engine.model.recurrent() && cache_cfg.ssd.take().is_some() {
-        // The SSD tier's files hold KV only: a hybrid model's recurrent state would be lost.
-        tracing::warn!("the SSD cache tier is off for this model (its recurrent state is not persisted yet)");
-    }
-    let cache = crate::cache::PromptCache::new(cache_cfg, engine.model.kv_shape(), Some(engine.cache_identity()));
+    let cache =
+        crate::cache::PromptCache::new(cfg.cache.clone(), engine.model.kv_shape(), Some(engine.cache_identity()));
     // On a GPU every admitted row's KV is also mirrored in device memory: the budget is
     // the smaller of what RAM and the GPU can hold.
     let host_kv = cfg.kv_budget.unwrap_or_else(|| cfg.memory_budget.saturating_sub(engine.file_bytes));
