@@ -101,16 +101,13 @@ impl Model {
             DeviceChoice::Cuda(n) => Some(CudaBackend::open(n)?),
             DeviceChoice::Auto => CudaBackend::try_open_default(),
         };
-        let unproven =
-            config.gpu_unproven(g.has_tensor("rope_freqs.weight")).or_else(|| crate::backend::cuda::unproven_format(g));
-        let on_gpu = match gpu {
-            None => None,
-            Some(_) if device == DeviceChoice::Auto && unproven.is_some() => {
-                let reason = unproven.unwrap_or_default();
-                tracing::info!(%reason, "model stays on the CPU (--device cuda runs it on the GPU)");
+        let on_gpu = match (gpu, config.no_gpu_path()) {
+            (None, _) => None,
+            (Some(_), Some(reason)) if device == DeviceChoice::Auto => {
+                tracing::info!(%reason, "model stays on the CPU");
                 None
             }
-            Some(b) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
+            (Some(b), _) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
                 Ok(arch) => Some((arch, b)),
                 Err(e) if device == DeviceChoice::Auto => {
                     tracing::info!(reason = %e, "model cannot run on the GPU, using the CPU");

@@ -14,7 +14,7 @@
 //!   sigmoid(gate), then `attn_output`.
 //!
 //! CPU only: written over the CPU backend's ops and `kernels::delta_net`, not over every
-//! backend (the CUDA one has no recurrent layers; `ModelConfig::gpu_unproven` keeps the
+//! backend (the CUDA one has no recurrent layers; `ModelConfig::no_gpu_path` keeps the
 //! model off it and `--device cuda:N` refuses it). A pass updates each row's recurrent
 //! state in place; a pass that fails after the first layer empties its rows' caches
 //! (their state would be ahead of their KV), so their next pass recomputes them.

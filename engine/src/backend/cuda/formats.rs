@@ -84,26 +84,6 @@ pub(crate) fn type_index(dtype: Stored) -> Result<usize> {
         .ok_or_else(|| Error::Cuda { op: "shape check", reason: format!("no CUDA kernel for {dtype:?}") })
 }
 
-/// Whether `dtype`'s kernels have not run on a GPU yet: those added after the first six
-/// (Q5_1 on in `KERNEL_TYPES`), whose op tests against the CPU were written without one.
-pub(crate) fn gpu_unproven(dtype: Stored) -> bool {
-    type_index(dtype).is_ok_and(|t| t >= 6)
-}
-
-/// Why `--device auto` keeps the model in `g` on the CPU for its weight formats: a
-/// matrix in a format whose kernels have not run on a GPU yet (`gpu_unproven`), as
-/// `ModelConfig::gpu_unproven` does for families. An explicit `--device cuda:N` runs it.
-pub fn unproven_format(g: &Gguf) -> Option<String> {
-    let mut names: Vec<&str> = g.tensor_names().collect();
-    names.sort_unstable();
-    names.into_iter().find_map(|name| {
-        let (_, dtype) = g.raw_stored(name).ok()?;
-        let matrix = g.dims(name).is_ok_and(|d| d.len() == 2);
-        (matrix && gpu_unproven(dtype))
-            .then(|| format!("{name} is {dtype:?}, whose CUDA kernels are not yet verified on a GPU"))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,13 +98,8 @@ mod tests {
         assert_eq!(ActFormat::for_weights(Stored::Iq4Xs), Some(ActFormat::Q8K));
         assert_eq!(ActFormat::for_weights(Stored::Iq4Nl), Some(ActFormat::Q8_0));
         assert_eq!(ActFormat::for_weights(Stored::Mxfp4), Some(ActFormat::Q8_0));
-        assert!(gpu_unproven(Stored::Mxfp4));
         assert_eq!(ActFormat::for_weights(Stored::Ggml(GgmlDType::Q5_1)), Some(ActFormat::Q8_1));
         assert_eq!(ActFormat::for_weights(Stored::Ggml(GgmlDType::F16)), Some(ActFormat::F32));
         assert_eq!(ActFormat::for_weights(Stored::Ggml(GgmlDType::BF16)), Some(ActFormat::Bf16));
-        // The six formats that ran on a GPU; the others wait for their first run.
-        let proven: Vec<bool> = KERNEL_TYPES.iter().map(|&t| !gpu_unproven(t)).collect();
-        assert_eq!(proven.iter().filter(|&&p| p).count(), 6);
-        assert!(gpu_unproven(Stored::Ggml(GgmlDType::BF16)) && !gpu_unproven(Stored::Ggml(GgmlDType::Q4K)));
     }
 }

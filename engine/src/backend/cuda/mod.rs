@@ -46,7 +46,6 @@ mod tests_moe;
 mod tests_ops;
 
 pub use device::{Gpu, compile_cubin};
-pub use formats::unproven_format;
 pub use forward::{CudaBackend, CudaPass};
 pub use ops::{ActFormat, DeviceAct, GEMV_MAX_ROWS, RopeSpec};
 pub use probe::{Library, Presence, Unavailable};
