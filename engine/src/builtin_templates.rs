@@ -88,7 +88,7 @@ pub fn choose(arch: Arch, has_token: impl Fn(&str) -> bool) -> Option<Builtin> {
     }
     match arch {
         Arch::Gemma3 => Some(GEMMA),
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => Some(CHATML),
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe => Some(CHATML),
         Arch::Mistral3 => Some(MISTRAL),
         Arch::Phi3 => Some(PHI3),
         Arch::Llama if has_token("<|start_header_id|>") && has_token("<|eot_id|>") => Some(LLAMA3),

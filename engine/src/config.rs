@@ -41,10 +41,14 @@ pub enum Arch {
     /// layer, gated full attention (queries with a sigmoid gate, Q/K head norms, partial
     /// M-RoPE); `post_attention_norm` before a SwiGLU MLP (`HybridConfig`).
     Qwen35,
+    /// Qwen3.5 MoE (Qwen3.5/3.6-35B-A3B, -122B-A10B): qwen35's hybrid layers with a
+    /// mixture of experts in place of the MLP (qwen3moe's routing) plus a shared expert
+    /// scaled by a sigmoid gate of its own (`MoeConfig::shared`).
+    Qwen35Moe,
 }
 
 impl Arch {
-    pub(crate) const ALL: [Arch; 9] = [
+    pub(crate) const ALL: [Arch; 10] = [
         Arch::Llama,
         Arch::Gemma3,
         Arch::Qwen2,
@@ -54,6 +58,7 @@ impl Arch {
         Arch::Phi3,
         Arch::GptOss,
         Arch::Qwen35,
+        Arch::Qwen35Moe,
     ];
 
     /// The architecture a GGUF's `general.architecture` names, if the engine runs it
@@ -73,6 +78,7 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::GptOss => "gpt-oss",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -82,9 +88,14 @@ impl Arch {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Arch::Llama | Arch::Mistral3 => RopeStyle::Interleaved,
-            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Phi3 | Arch::GptOss | Arch::Qwen35 => {
-                RopeStyle::Neox
-            }
+            Arch::Gemma3
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::Phi3
+            | Arch::GptOss
+            | Arch::Qwen35
+            | Arch::Qwen35Moe => RopeStyle::Neox,
         }
     }
 }
@@ -117,9 +128,11 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Per layer: does it attend only to the last `sliding_window` positions?
     pub is_swa: Vec<bool>,
-    /// The mixture of experts in every layer (qwen3moe, gpt-oss); `None` for a dense MLP.
+    /// The mixture of experts in every layer (qwen3moe, gpt-oss, qwen35moe); `None` for a
+    /// dense MLP.
     pub moe: Option<MoeConfig>,
-    /// The recurrent layers of a hybrid model (qwen35); `None` when every layer attends.
+    /// The recurrent layers of a hybrid model (qwen35, qwen35moe); `None` when every layer
+    /// attends.
     pub hybrid: Option<HybridConfig>,
 }
 
@@ -131,6 +144,10 @@ pub struct MoeConfig {
     pub used: usize,
     pub width: usize,
     pub kind: MoeKind,
+    /// qwen35moe's shared expert, a SwiGLU MLP this wide (`ffn_*_shexp`) that every token
+    /// runs, its output scaled by sigmoid(x·`ffn_gate_inp_shexp`) and added to the routed
+    /// experts' sum; `None` in the other families.
+    pub shared: Option<usize>,
 }
 
 /// How a family's router weighs its experts and what each expert computes (llama.cpp's
@@ -151,8 +168,10 @@ impl ModelConfig {
         let arch = Arch::from_name(arch_name).ok_or_else(|| Error::UnsupportedArch { arch: arch_name.to_owned() })?;
         let k = |suffix: &str| format!("{arch_name}.{suffix}");
         // qwen35's multi-token-prediction blocks follow its layers in the block count;
-        // llama.cpp runs them only to draft (`nextn_predict_layers`), and so never does corral.
-        let nextn = if arch == Arch::Qwen35 { g.opt_u32(&k("nextn_predict_layers")).unwrap_or(0) } else { 0 };
+        // llama.cpp runs them only to draft (`nextn_predict_layers`; it skips loading them
+        // unless asked to), and so never does corral: their tensors are left unread.
+        let hybrid_arch = matches!(arch, Arch::Qwen35 | Arch::Qwen35Moe);
+        let nextn = if hybrid_arch { g.opt_u32(&k("nextn_predict_layers")).unwrap_or(0) } else { 0 };
         let n_layers = g.u32(&k("block_count"))?.saturating_sub(nextn) as usize;
         let hidden = g.u32(&k("embedding_length"))? as usize;
         let n_heads = g.u32(&k("attention.head_count"))? as usize;
@@ -163,9 +182,14 @@ impl ModelConfig {
             Arch::Gemma3 | Arch::GptOss => g.opt_u32(&k("attention.sliding_window")).map(|v| v as usize),
             // llama.cpp turns phi3's sliding window off (its files' windows are not
             // trustworthy, llama.cpp PR 13676): every layer attends to the whole context.
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Mistral3 | Arch::Phi3 | Arch::Qwen35 => {
-                None
-            }
+            Arch::Llama
+            | Arch::Qwen2
+            | Arch::Qwen3
+            | Arch::Qwen3Moe
+            | Arch::Mistral3
+            | Arch::Phi3
+            | Arch::Qwen35
+            | Arch::Qwen35Moe => None,
         };
         // Gemma 3: five sliding-window layers, then one global (llama.cpp's pattern 6);
         // gpt-oss: one of each, the first sliding (pattern 2); unless the file states the
@@ -183,9 +207,9 @@ impl ModelConfig {
         // Every architecture here but qwen35 rotates whole heads (llama.cpp rejects a llama
         // file whose `rope.dimension_count` differs, and asserts it for qwen2/qwen3 and
         // gemma3); qwen35 rotates the first `n_rot` (`HybridConfig`).
-        let hybrid = match arch {
-            Arch::Qwen35 => Some(HybridConfig::from_gguf(g, arch_name, n_layers, head_dim)?),
-            _ => None,
+        let hybrid = match hybrid_arch {
+            true => Some(HybridConfig::from_gguf(g, arch_name, n_layers, head_dim)?),
+            false => None,
         };
         if let Some(n_rot) = g.opt_u32(&k("rope.dimension_count"))
             && n_rot as usize != head_dim
@@ -198,7 +222,7 @@ impl ModelConfig {
         }
         let ctx_train = g.opt_u32(&k("context_length")).unwrap_or(2048) as usize;
         let moe = match arch {
-            Arch::Qwen3Moe => Some(moe_config(g, arch_name, MoeKind::Qwen3)?),
+            Arch::Qwen3Moe | Arch::Qwen35Moe => Some(moe_config(g, arch_name, MoeKind::Qwen3)?),
             Arch::GptOss => Some(moe_config(g, arch_name, MoeKind::GptOss)?),
             _ => None,
         };
@@ -237,9 +261,11 @@ impl ModelConfig {
 
     /// Why this model cannot run on the GPU: a family with no CUDA path. `--device auto`
     /// keeps it on the CPU with a log line; an explicit `--device cuda:N` is an error.
-    pub fn no_gpu_path(&self) -> Option<&'static str> {
+    pub fn no_gpu_path(&self) -> Option<String> {
         match self.arch {
-            Arch::Qwen35 => Some("qwen35 has no CUDA path yet (Gated DeltaNet layers)"),
+            Arch::Qwen35 | Arch::Qwen35Moe => {
+                Some(format!("{} has no CUDA path yet (Gated DeltaNet layers)", self.arch.name()))
+            }
             _ => None,
         }
     }
@@ -277,7 +303,8 @@ impl ModelConfig {
 }
 
 /// A mixture of experts as llama.cpp reads it: `expert_count` and `expert_used_count`
-/// (both required), `expert_feed_forward_length` (else the dense width / experts used).
+/// (both required), `expert_feed_forward_length` (else the dense width / experts used);
+/// qwen35moe's shared expert `expert_shared_feed_forward_length` wide (else the dense width).
 fn moe_config(g: &Gguf, name: &str, kind: MoeKind) -> Result<MoeConfig> {
     let k = |suffix: &str| format!("{name}.{suffix}");
     let experts = g.u32(&k("expert_count"))? as usize;
@@ -289,7 +316,15 @@ fn moe_config(g: &Gguf, name: &str, kind: MoeKind) -> Result<MoeConfig> {
     if experts == 0 || used == 0 || used > experts || width == 0 {
         return Err(Error::Metadata { key: k("expert_count / expert_used_count / expert_feed_forward_length") });
     }
-    Ok(MoeConfig { experts, used, width, kind })
+    let shared = match name == Arch::Qwen35Moe.name() {
+        false => None,
+        true => {
+            let key = k("expert_shared_feed_forward_length");
+            let w = g.opt_u32(&key).filter(|&v| v > 0).or_else(|| g.opt_u32(&k("feed_forward_length")));
+            Some(w.filter(|&v| v > 0).ok_or(Error::Metadata { key })? as usize)
+        }
+    };
+    Ok(MoeConfig { experts, used, width, kind, shared })
 }
 
 /// llama.cpp's rotary scaling from `{arch}.rope.scaling.*`, as its context derives it
@@ -422,6 +457,8 @@ mod tests {
         }
         let why = cfg(Arch::Qwen35, none, None).no_gpu_path().unwrap_or_default();
         assert!(why.starts_with("qwen35 has no CUDA path yet"), "{why}");
+        let why = cfg(Arch::Qwen35Moe, none, None).no_gpu_path().unwrap_or_default();
+        assert!(why.starts_with("qwen35moe has no CUDA path yet"), "{why}");
     }
 
     #[test]

@@ -255,6 +255,8 @@ impl Gguf {
                 Value::I32(x) => Ok(*x),
                 Value::U32(x) => i32::try_from(*x).map_err(|_| Self::missing(key)),
                 Value::U8(x) => Ok(*x as i32),
+                // llama.cpp's converter writes per-layer flags (qwen35's recurrent layers) as bools.
+                Value::Bool(x) => Ok(i32::from(*x)),
                 _ => Err(Self::missing(key)),
             })
             .collect()

@@ -4,7 +4,9 @@
 //! models, and a batched greedy decode must produce each row's serial tokens. The same
 //! for make-gguf's tiny qwen3moe and gpt-oss (mixtures of experts: rows of a pass share
 //! experts, and a row's result must not depend on which; gpt-oss's rows also cross its
-//! sliding window at different positions), when they have been generated.
+//! sliding window at different positions) and the Qwen3.5 hybrids qwen35 and qwen35moe
+//! (each row's recurrent state its own; qwen35moe's shared expert runs on every row), when
+//! they have been generated.
 
 mod common;
 
@@ -84,6 +86,12 @@ fn gemma3_mixed_batch_rows_equal_their_solo_runs() {
 /// prompts of its serial fixture; `None` when not generated (unless
 /// `CORRAL_REQUIRE_GENERATED=1`).
 fn generated(preset: &str, kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
+    generated_with(preset, kind, preset)
+}
+
+/// `generated`, with the prompts of `fixture_preset`'s fixture (a preset of the same
+/// vocabulary).
+fn generated_with(preset: &str, kind: &str, fixture_preset: &str) -> Option<(Model, Vec<Vec<u32>>)> {
     let dir = match std::env::var_os("CORRAL_GENERATED_DIR") {
         Some(d) if !d.is_empty() => std::path::PathBuf::from(d),
         _ => models_dir().join("generated"),
@@ -94,7 +102,7 @@ fn generated(preset: &str, kind: &str) -> Option<(Model, Vec<Vec<u32>>)> {
         eprintln!("skipped: {} is missing (scripts/models/make-gguf)", path.display());
         return None;
     }
-    let f = fixture(&format!("serial-{preset}-{kind}.json"));
+    let f = fixture(&format!("serial-{fixture_preset}-{kind}.json"));
     let prompts = f["cases"].as_array().unwrap().iter().map(|c| ids(&c["prompt_ids"])).collect();
     Some((Model::load(&Gguf::open(&path).unwrap()).unwrap(), prompts))
 }
@@ -105,6 +113,18 @@ fn qwen3moe_mixed_batch_rows_equal_their_solo_runs() {
     for kind in ["q8_0", "q4_0"] {
         if let Some((model, p)) = generated("qwen3moe", kind) {
             mixed_rows_of(&model, &format!("qwen3moe-{kind}"), &p);
+        }
+    }
+}
+
+#[test]
+fn qwen35_hybrids_mixed_batch_rows_equal_their_solo_runs() {
+    // Both presets have qwen35's vocabulary: its fixture's prompts serve both.
+    for preset in ["qwen35", "qwen35moe"] {
+        for kind in ["q8_0", "q4_0"] {
+            if let Some((model, p)) = generated_with(preset, kind, "qwen35") {
+                mixed_rows_of(&model, &format!("{preset}-{kind}"), &p);
+            }
         }
     }
 }

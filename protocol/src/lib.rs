@@ -22,8 +22,8 @@ pub use error::{ApiError, ApiShape, ErrorKind, Rendered};
 
 /// The GGUF architectures (`general.architecture`) corral's engine runs: the one list the
 /// engine's loader, `/v1/models` cards, `corral fit` and `pull`'s preflight agree on.
-pub const ARCHITECTURES: [&str; 9] =
-    ["llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "mistral3", "phi3", "gpt-oss", "qwen35"];
+pub const ARCHITECTURES: [&str; 10] =
+    ["llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "mistral3", "phi3", "gpt-oss", "qwen35", "qwen35moe"];
 
 /// The built-in chat template the engine gives a file of `arch` that carries none, where
 /// the architecture alone decides it (the engine's `builtin_templates::choose`; a test
@@ -32,7 +32,7 @@ pub const ARCHITECTURES: [&str; 9] =
 pub fn builtin_template(arch: &str) -> Option<&'static str> {
     match arch {
         "gemma3" => Some("gemma"),
-        "qwen2" | "qwen3" | "qwen3moe" | "qwen35" => Some("chatml"),
+        "qwen2" | "qwen3" | "qwen3moe" | "qwen35" | "qwen35moe" => Some("chatml"),
         "mistral3" => Some("mistral-v7-tekken"),
         "phi3" => Some("phi3"),
         "gpt-oss" => Some("harmony"),

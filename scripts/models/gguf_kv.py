@@ -81,7 +81,7 @@ def kv(key, value, kind):
         return gstr(key) + struct.pack("<I", 8) + gstr(value)
     if kind == "strs":
         return gstr(key) + struct.pack("<IIQ", 9, 8, len(value)) + b"".join(gstr(s) for s in value)
-    if kind in ("f32s", "i32s"):
-        t, dt = (6, "<f4") if kind == "f32s" else (5, "<i4")
+    if kind in ("f32s", "i32s", "bools"):
+        t, dt = {"f32s": (6, "<f4"), "i32s": (5, "<i4"), "bools": (7, "u1")}[kind]
         return gstr(key) + struct.pack("<IIQ", 9, t, len(value)) + np.asarray(value, dtype=dt).tobytes()
     raise ValueError(kind)

@@ -31,7 +31,12 @@ vocabulary (a llama.cpp vocab-only file, named by `vocab`):
              over the first 32 dimensions), the others Gated DeltaNet (2 key heads and 4
              value heads of 64, a 4-tap convolution; `ssm_a` negative, so every state
              decays), tied, qwen35 (llama.cpp's Qwen3.5 test vocabulary: 151,936 tokens of
-             the qwen2 family with its own pre-tokenizer).
+             the qwen2 family with its own pre-tokenizer);
+  `qwen35moe` qwen35's hybrid layers with a mixture of experts in place of every MLP, as
+             Qwen3.5 MoE's converter writes it: an f32 router over 16 experts of which 4 are
+             used, 256 wide, a shared expert 256 wide with its f32 sigmoid gate, the
+             per-layer recurrent flags, no dense width, and one multi-token-prediction
+             block after the 4 layers (which both engines leave unread); tied, qwen35.
 
 The same families at the shapes of the released models people download, `<family>-<size>`
 (values from each model's config.json; the weights are noise, so only shapes, rotary
@@ -59,15 +64,26 @@ settings and vocabulary matter):
                  GGUF here): 32 layers, hidden 4,096, every 4th layer full attention (16 heads
                  of 256 over 4 K/V heads, 64 rotated dimensions in sections 11/11/10), the
                  others Gated DeltaNet (16 key and 32 value heads of 128), MLP 12,288, an
-                 output matrix, a filler vocabulary of 248,320 (its size, not its tokens).
+                 output matrix, a filler vocabulary of 248,320 (its size, not its tokens);
+  `qwen35moe-35b-a3b`  Qwen3.5-35B-A3B (and Qwen3.6-35B-A3B, the same shapes) as its
+                 config.json and llama.cpp's converter give it: 40 layers, hidden 2,048,
+                 every 4th layer full attention (16 heads of 256 over 2 K/V heads, 64
+                 rotated dimensions in sections 11/11/10), the others Gated DeltaNet (16
+                 key and 32 value heads of 128), 256 experts of which 8 are used, 512 wide,
+                 a shared expert 512 wide, one MTP block (block_count 41), an output
+                 matrix, a filler vocabulary of 248,320 (35.5 B parameters, 0.85 B of them
+                 the MTP block's; 3.5 B active per token as --list counts them, the MTP
+                 block left out).
 
 `hybrid=(interval, taps, head, k_heads, v_heads, n_rot, sections)` makes a preset qwen35's
 hybrid: every `interval`-th layer attends, the others are Gated DeltaNet layers of `k_heads`
 key and `v_heads` value heads of `head`, with a `taps`-tap convolution; attention layers
 rotate their first `n_rot` dimensions in M-RoPE `sections`.
 
-`experts=(count, used, width)` makes a preset a mixture of experts (qwen3moe, gpt-oss): `ffn`
-is then only the `feed_forward_length` written to the file.
+`experts=(count, used, width)` makes a preset a mixture of experts (qwen3moe, gpt-oss,
+qwen35moe): `ffn` is then only the `feed_forward_length` written to the file (none for
+qwen35moe, whose `shared` is its shared expert's width). `mtp=N` appends N
+multi-token-prediction blocks to a hybrid.
 """
 
 PRESETS = {
@@ -97,6 +113,9 @@ PRESETS = {
                     scaling=("yarn", 32.0, 4096)),
     "qwen35": dict(arch="qwen35", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=128, ffn=512, vocab="qwen35",
                    rope=1e7, ctx=262144, tied=True, hybrid=(4, 4, 64, 2, 4, 32, (6, 5, 5, 0))),
+    "qwen35moe": dict(arch="qwen35moe", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=128, ffn=256,
+                      experts=(16, 4, 256), shared=256, vocab="qwen35", rope=1e7, ctx=262144, tied=True, mtp=1,
+                      hybrid=(4, 4, 64, 2, 4, 32, (6, 5, 5, 0))),
     "llama3-1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab="llama-bpe",
                       rope=500000.0, ctx=131072, rope_freqs=(32.0, 1.0, 4.0, 8192), tied=True),
     "qwen2-0.5b": dict(arch="qwen2", hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab="qwen2", rope=1e6,
@@ -117,6 +136,9 @@ PRESETS = {
                         scaling=("yarn", 32.0, 4096)),
     "qwen35-9b": dict(arch="qwen35", hidden=4096, layers=32, heads=16, kv_heads=4, head_dim=256, ffn=12288,
                       vocab=248320, rope=1e7, ctx=262144, hybrid=(4, 4, 128, 16, 32, 64, (11, 11, 10, 0))),
+    "qwen35moe-35b-a3b": dict(arch="qwen35moe", hidden=2048, layers=40, heads=16, kv_heads=2, head_dim=256, ffn=512,
+                              experts=(256, 8, 512), shared=512, vocab=248320, rope=1e7, ctx=262144, mtp=1,
+                              hybrid=(4, 4, 128, 16, 32, 64, (11, 11, 10, 0))),
 }
 
 # Token counts of the real vocabularies (for --list, which needs no vocab file).
@@ -142,7 +164,12 @@ def params(p):
         delta = H * conv + H * VH * HS + 2 * H * VH + taps * conv + VH * HS * H
         rec = recurrent_layers(p)
         tied = p.get("tied", False)
-        return V * H * (1 if tied else 2) + sum(delta if r else attn for r in rec) + p["layers"] * 3 * H * F
+        ffn = 3 * H * F
+        if "experts" in p:  # the router, every expert, the shared expert and its gate
+            E, _, FE = p["experts"]
+            ffn = H * E + 3 * H * FE * E + 3 * H * p["shared"] + H
+        mtp = p.get("mtp", 0) * (attn + ffn + 2 * H * H)  # an attention block and eh_proj each
+        return V * H * (1 if tied else 2) + sum(delta if r else attn for r in rec) + L * ffn + mtp
     if "experts" in p:  # the router and every expert's gate, up and down
         E, _, FE = p["experts"]
         per_layer += H * E + 3 * H * FE * E - 3 * H * F
@@ -153,9 +180,11 @@ def params(p):
 
 
 def active_params(p):
-    """Parameters one token reads: every expert's share but the used ones' left out."""
+    """Parameters one token reads: every expert's share but the used ones' left out, and
+    the MTP blocks (they only draft)."""
     total = params(p)
     if "experts" not in p:
         return total
     E, used, FE = p["experts"]
-    return total - p["layers"] * 3 * p["hidden"] * FE * (E - used)
+    mtp = params(dict(p, mtp=0))
+    return mtp - p["layers"] * 3 * p["hidden"] * FE * (E - used)

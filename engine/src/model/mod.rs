@@ -53,16 +53,19 @@ fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Arc
         Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),
         Arch::GptOss => Arc::new(gptoss::GptOss::load(b, g, config)?),
         // Only on the CPU (`build_cpu`): the other backends have no recurrent layers.
-        Arch::Qwen35 => return Err(Error::Tensor { name: "qwen35".into(), reason: NO_CUDA_QWEN35.into() }),
+        Arch::Qwen35 | Arch::Qwen35Moe => {
+            let name = config.arch.name();
+            return Err(Error::Tensor { name: name.into(), reason: format!("{name} {NO_CUDA_HYBRID}") });
+        }
     })
 }
 
-const NO_CUDA_QWEN35: &str = "qwen35 has no CUDA path yet (Gated DeltaNet layers): run it with --device cpu";
+const NO_CUDA_HYBRID: &str = "has no CUDA path yet (Gated DeltaNet layers): run it with --device cpu";
 
-/// `build` on the CPU backend, where the hybrid qwen35 runs too.
+/// `build` on the CPU backend, where the hybrids (qwen35, qwen35moe) run too.
 fn build_cpu(g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Architecture>> {
     match config.arch {
-        Arch::Qwen35 => Ok(Arc::new(qwen35::Qwen35::load(g, config)?)),
+        Arch::Qwen35 | Arch::Qwen35Moe => Ok(Arc::new(qwen35::Qwen35::load(g, config)?)),
         _ => build(Cpu, g, config),
     }
 }

@@ -1,6 +1,8 @@
-//! Qwen3.5 (dense), as llama.cpp's `qwen35` graph computes it: pre-norm blocks whose
-//! mixer is, on three layers of every four (`HybridConfig::recurrent`), a Gated DeltaNet
-//! and otherwise gated full attention, then `post_attention_norm` and a SwiGLU MLP.
+//! Qwen3.5, dense and MoE, as llama.cpp's `qwen35` and `qwen35moe` graphs compute them:
+//! pre-norm blocks whose mixer is, on three layers of every four
+//! (`HybridConfig::recurrent`), a Gated DeltaNet and otherwise gated full attention, then
+//! `post_attention_norm` and a SwiGLU MLP (qwen35) or a mixture of experts with a gated
+//! shared expert (qwen35moe: `kernels::moe`, qwen3moe's routing).
 //!
 //! - Gated DeltaNet: `attn_qkv` and `attn_gate` (z) of the normed input; the Q|K|V
 //!   channels through a causal convolution (`ssm_conv1d`, state per sequence) and SiLU;
@@ -26,6 +28,7 @@ use crate::config::{HybridConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::delta_net::{DeltaStep, conv_step, delta_step, l2_norm_heads, sigmoid, silu_rows, softplus};
+use crate::kernels::moe::Experts;
 use crate::kernels::ops;
 use crate::kernels::rope::RopeAngles;
 use crate::kernels::{AttnSpec, Linear};
@@ -67,13 +70,19 @@ enum Mixer {
     DeltaNet(DeltaNet),
 }
 
+/// A layer's feed-forward part after `post_attention_norm`.
+enum Ffn {
+    /// SwiGLU: `down(silu(gate x) * up x)` (qwen35): gate, up, down.
+    Dense(Box<[Linear; 3]>),
+    /// Routed experts plus the gated shared expert (qwen35moe).
+    Experts(Box<Experts>),
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     mixer: Mixer,
     post_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    ffn: Ffn,
 }
 
 pub(crate) struct Qwen35 {
@@ -84,8 +93,10 @@ pub(crate) struct Qwen35 {
 }
 
 /// Tensors llama.cpp's graph would use or that a variant could carry but this one has no
-/// place for: a file with one is refused.
-const UNUSED: &[&str] = &["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "ffn_gate_inp.weight"];
+/// place for: a file with one is refused. Then, per family, the other family's FFN.
+const UNUSED: &[&str] = &["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"];
+const MOE_ONLY: &[&str] = &["ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"];
+const DENSE_ONLY: &[&str] = &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"];
 
 impl Qwen35 {
     fn hybrid(cfg: &ModelConfig) -> Result<&HybridConfig> {
@@ -98,11 +109,13 @@ impl Qwen35 {
         let (h, q, kv, ff, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim);
         let (mut kv_layer, mut slot) = (0, 0);
         let mut layers = Vec::with_capacity(cfg.n_layers);
+        let arch = cfg.arch.name();
+        let other_ffn = if cfg.moe.is_some() { DENSE_ONLY } else { MOE_ONLY };
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
-            for name in UNUSED.iter().map(|s| format!("blk.{i}.{s}")) {
+            for name in UNUSED.iter().chain(other_ffn).map(|s| format!("blk.{i}.{s}")) {
                 if g.has_tensor(&name) {
-                    return Err(Error::Tensor { name, reason: "is not supported in a qwen35 model".into() });
+                    return Err(Error::Tensor { name, reason: format!("is not supported in a {arch} model") });
                 }
             }
             let mixer = if hy.recurrent[i] {
@@ -123,7 +136,7 @@ impl Qwen35 {
                 Mixer::DeltaNet(m)
             } else {
                 if g.has_tensor(&n("attn_qkv")) {
-                    let reason = "(fused Q/K/V in an attention layer) is not supported in a qwen35 model".into();
+                    let reason = format!("(fused Q/K/V in an attention layer) is not supported in a {arch} model");
                     return Err(Error::Tensor { name: n("attn_qkv"), reason });
                 }
                 let m = Attention {
@@ -138,13 +151,19 @@ impl Qwen35 {
                 kv_layer += 1;
                 Mixer::Attention(m)
             };
+            let ffn = match cfg.moe {
+                Some(moe) => Ffn::Experts(Box::new(b.experts(g, i, h, moe)?)),
+                None => Ffn::Dense(Box::new([
+                    b.matrix(g, &n("ffn_gate"), h, ff)?,
+                    b.matrix(g, &n("ffn_up"), h, ff)?,
+                    b.matrix(g, &n("ffn_down"), ff, h)?,
+                ])),
+            };
             layers.push(Layer {
                 attn_norm: g.f32_tensor(&n("attn_norm"), h)?,
                 mixer,
                 post_norm: g.f32_tensor(&n("post_attention_norm"), h)?,
-                gate: b.matrix(g, &n("ffn_gate"), h, ff)?,
-                up: b.matrix(g, &n("ffn_up"), h, ff)?,
-                down: b.matrix(g, &n("ffn_down"), ff, h)?,
+                ffn,
             });
         }
         Ok(Self { ends: super::Ends::load(&b, g, cfg)?, cfg: cfg.clone(), hy, layers })
@@ -164,8 +183,14 @@ impl Qwen35 {
                 Mixer::DeltaNet(d) => self.delta_net(p, rows, d, &h)?,
             };
             b.add(&mut x, &o)?;
-            let [g, u] = b.norm_matmul_many(p, &x, &l.post_norm, c.rms_eps, [&l.gate, &l.up])?;
-            let y = b.gated_matmul(p, g, &u, Gate::Silu, &l.down)?;
+            let y = match &l.ffn {
+                Ffn::Dense(m) => {
+                    let [gate, up, down] = &**m;
+                    let [g, u] = b.norm_matmul_many(p, &x, &l.post_norm, c.rms_eps, [gate, up])?;
+                    b.gated_matmul(p, g, &u, Gate::Silu, down)?
+                }
+                Ffn::Experts(e) => b.moe(p, &b.rms_norm(&x, &l.post_norm, c.rms_eps)?, e)?,
+            };
             b.add(&mut x, &y)?;
         }
         Ok(x)
@@ -248,7 +273,7 @@ impl Qwen35 {
 fn missing_state() -> Error {
     Error::Tensor {
         name: "recurrent state".into(),
-        reason: "a qwen35 sequence with cached positions but no recurrent state cannot continue".into(),
+        reason: "a hybrid (qwen35) sequence with cached positions but no recurrent state cannot continue".into(),
     }
 }
 

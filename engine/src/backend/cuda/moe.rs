@@ -77,6 +77,9 @@ impl DeviceExperts {
         let n = |s: &str| format!("blk.{layer}.{s}.weight");
         let name = n("ffn_gate_inp");
         let bad = |name: &str, reason: String| Error::Tensor { name: name.to_owned(), reason };
+        if moe.shared.is_some() {
+            return Err(bad(&n("ffn_gate_inp_shexp"), "(a shared expert) has no CUDA path yet".into()));
+        }
         let dims = g.dims(&name)?;
         let (bytes, dtype) = g.raw_stored(&name)?;
         let fits = moe.experts <= MAX_EXPERTS && (1..=moe.experts).contains(&moe.used) && hidden.is_multiple_of(16);

@@ -20,7 +20,7 @@ fn cuda_moe_matches_cpu() {
     let Some(g) = gpu() else { return };
     for kind in [MoeKind::Qwen3, MoeKind::GptOss] {
         let file = file(kind);
-        let m = MoeConfig { experts: E, used: 2, width: W, kind };
+        let m = MoeConfig { experts: E, used: 2, width: W, kind, shared: None };
         let cpu = Experts::load(&file, 0, H, m).expect("CPU experts");
         let dev = DeviceExperts::load(g, &file, 0, H, m).expect("device experts");
         // 1 row (a decode step), then 37 rows: more than 8 rows of some experts (chunks).

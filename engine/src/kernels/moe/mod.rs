@@ -5,6 +5,7 @@
 //! gating, weights renormalized, SwiGLU experts. gpt-oss (`MoeKind::GptOss`): the router's
 //! bias added to its logits, the top logits' softmax as weights, a bias after each of an
 //! expert's matmuls (ggml's `add_id`: the chosen expert's row, one f32 add), SwiGLU-OAI.
+//! qwen35moe: qwen3moe's routing plus a gated shared expert (`shared`).
 //!
 //! The experts stay in the file's mapping (`Gguf::mapping`) until a token is first routed
 //! to one, which reads that expert's three matrices into the kernels' layout once: only
@@ -19,6 +20,7 @@
 //! share its experts.
 
 mod route;
+mod shared;
 
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
@@ -48,6 +50,8 @@ pub struct Experts {
     /// `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: where each lies in the file.
     stacks: [Stack; 3],
     loaded: Vec<OnceLock<[Linear; 3]>>,
+    /// qwen35moe's shared expert, added after the routed ones.
+    shared: Option<shared::Shared>,
     hidden: usize,
     used: usize,
 }
@@ -94,6 +98,11 @@ impl Experts {
             return Err(bad(format!("shape {dims:?}, expected [{}, {hidden}]", m.experts)));
         }
         let (bytes, dtype) = g.raw_stored(&name)?;
+        // llama.cpp's converter fuses gate|up only when asked (`--fuse-gate-up-exps`).
+        if g.has_tensor(&n("ffn_gate_up_exps")) {
+            let reason = "(gate and up experts fused) is not supported: convert without --fuse-gate-up-exps".into();
+            return Err(Error::Tensor { name: n("ffn_gate_up_exps"), reason });
+        }
         if dtype != Stored::Ggml(GgmlDType::F32) || !hidden.is_multiple_of(16) {
             return Err(bad(format!("a {dtype:?} router {hidden} wide is not supported (f32, a multiple of 16)")));
         }
@@ -123,6 +132,7 @@ impl Experts {
                 stack("ffn_down_exps", m.width, hidden)?,
             ],
             loaded: (0..m.experts).map(|_| OnceLock::new()).collect(),
+            shared: m.shared.map(|w| shared::Shared::load(g, layer, hidden, w)).transpose()?,
             hidden,
             used: m.used,
         };
@@ -207,6 +217,9 @@ impl Experts {
                     yr.iter_mut().zip(d).for_each(|(y, &d)| *y += d * w);
                 }
             }
+        }
+        if let Some(s) = &self.shared {
+            s.add_to(x, &mut y)?;
         }
         Ok(y)
     }

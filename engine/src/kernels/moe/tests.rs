@@ -1,6 +1,7 @@
 //! `Experts` on a GGUF built byte by byte: 4 experts, 2 used, rows of 32 — Q8_0 for
-//! qwen3moe; MXFP4 with f32 biases (router and experts) for gpt-oss. The CUDA backend's
-//! experts are tested against these on the same file (`file`).
+//! qwen3moe (and qwen35moe, with a shared expert); MXFP4 with f32 biases (router and
+//! experts) for gpt-oss. The CUDA backend's experts are tested against these on the same
+//! file (`file`).
 
 use super::*;
 
@@ -48,6 +49,11 @@ fn f32s(n: usize, seed: usize) -> Vec<u8> {
 /// Layer 0's router (f32) and three expert stacks, in a GGUF file; gpt-oss's as MXFP4
 /// with biases.
 pub(crate) fn file(kind: MoeKind) -> Gguf {
+    file_with(kind, Vec::new())
+}
+
+/// `file`'s tensors and `extra`.
+fn file_with(kind: MoeKind, extra: Vec<(&str, Vec<u64>, u32, Vec<u8>)>) -> Gguf {
     let (h, w, e) = (H as u64, W as u64, E as u64);
     let mut tensors: Vec<(&str, Vec<u64>, u32, Vec<u8>)> =
         vec![("blk.0.ffn_gate_inp.weight", vec![h, e], 0, f32s(E * H, 0))];
@@ -72,6 +78,7 @@ pub(crate) fn file(kind: MoeKind) -> Gguf {
         let n = dims.iter().product::<u64>() as usize;
         tensors.push((name.as_str(), dims, 0, f32s(n, seed)));
     }
+    tensors.extend(extra);
     write(&tensors)
 }
 
@@ -92,7 +99,8 @@ fn write(tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Gguf {
     }
     out.resize(out.len().next_multiple_of(32), 0);
     out.extend(data);
-    let path = std::env::temp_dir().join(format!("corral-moe-{}-{}.gguf", std::process::id(), tensors.len()));
+    let n = tensors.len() + tensors.iter().map(|t| t.0.len()).sum::<usize>();
+    let path = std::env::temp_dir().join(format!("corral-moe-{}-{n}.gguf", std::process::id()));
     std::fs::write(&path, &out).unwrap();
     let g = Gguf::open(&path).unwrap();
     std::fs::remove_file(&path).unwrap();
@@ -111,7 +119,7 @@ fn each_row_is_its_own_routes_weighted_sum_and_only_chosen_experts_are_read() {
 
 fn rows_alone(kind: MoeKind) {
     let g = file(kind);
-    let m = MoeConfig { experts: E, used: 2, width: W, kind };
+    let m = MoeConfig { experts: E, used: 2, width: W, kind, shared: None };
     let experts = Experts::load(&g, 0, H, m).unwrap();
     let read = |x: &Experts| x.loaded.iter().filter(|l| l.get().is_some()).count();
     assert_eq!(read(&experts), 1, "the first expert only, at load");
@@ -157,4 +165,46 @@ fn rows_alone(kind: MoeKind) {
     if kind == MoeKind::GptOss {
         assert!(experts.router_bias.is_some() && experts.biases.is_some());
     }
+}
+
+/// qwen35moe: the routed experts' output plus, per row, sigmoid(x·`ffn_gate_inp_shexp`)
+/// times the shared expert's SwiGLU MLP run on that row alone, the product rounded before
+/// the sum, bit for bit; a file without the shared expert, or with fused gate|up experts,
+/// is refused.
+#[test]
+fn the_shared_expert_is_added_gated_by_its_own_sigmoid() {
+    const S: usize = 64;
+    let (h, s) = (H as u64, S as u64);
+    let shared = vec![
+        ("blk.0.ffn_gate_inp_shexp.weight", vec![h], 0, f32s(H, 123)),
+        ("blk.0.ffn_gate_shexp.weight", vec![h, s], 8, q8_0(S * H / 32, 3_000)),
+        ("blk.0.ffn_up_shexp.weight", vec![h, s], 8, q8_0(S * H / 32, 33_000)),
+        ("blk.0.ffn_down_shexp.weight", vec![s, h], 8, q8_0(S * H / 32, 77_000)),
+    ];
+    let g = file_with(MoeKind::Qwen3, shared);
+    let m = MoeConfig { experts: E, used: 2, width: W, kind: MoeKind::Qwen3, shared: Some(S) };
+    let with = Experts::load(&g, 0, H, m).unwrap();
+    let routed = Experts::load(&g, 0, H, MoeConfig { shared: None, ..m }).unwrap();
+    let x: Vec<f32> = (0..3 * H).map(|i| (noise(i + 5) % 1000) as f32 / 250.0 - 2.0).collect();
+    let (got, base) = (with.forward(&x).unwrap(), routed.forward(&x).unwrap());
+    let lin = |n: &str, i, o| Linear::load(&g, &format!("blk.0.{n}.weight"), i, o).unwrap();
+    let (wg, wu, wd) = (lin("ffn_gate_shexp", H, S), lin("ffn_up_shexp", H, S), lin("ffn_down_shexp", S, H));
+    let gate_inp = g.f32_tensor("blk.0.ffn_gate_inp_shexp.weight", H).unwrap();
+    for (r, row) in x.chunks_exact(H).enumerate() {
+        let (mut gate, up) = (wg.forward(row, 1).unwrap(), wu.forward(row, 1).unwrap());
+        ops::silu_mul(&mut gate, &up);
+        let d = wd.forward(&gate, 1).unwrap();
+        let sg = 1.0 / (1.0 + (-crate::kernels::attention::dot_lanes(&gate_inp, row)).exp());
+        assert!(sg > 0.0 && sg < 1.0 && sg != 0.5);
+        let want: Vec<u32> = base[r * H..][..H].iter().zip(&d).map(|(b, d)| (b + d * sg).to_bits()).collect();
+        let have: Vec<u32> = got[r * H..][..H].iter().map(|v| v.to_bits()).collect();
+        assert_eq!(have, want, "row {r}");
+        assert_ne!(got[r * H..][..H], base[r * H..][..H], "row {r}: the shared expert added something");
+    }
+    let plain = file(MoeKind::Qwen3);
+    assert!(Experts::load(&plain, 0, H, m).is_err(), "a shared expert the file lacks");
+    let fused =
+        vec![("blk.0.ffn_gate_up_exps.weight", vec![h, 2 * W as u64, E as u64], 8, q8_0(E * 2 * W * H / 32, 1))];
+    let err = Experts::load(&file_with(MoeKind::Qwen3, fused), 0, H, MoeConfig { shared: None, ..m }).err();
+    assert!(err.is_some_and(|e| e.to_string().contains("fused")), "fused gate|up experts are refused");
 }
