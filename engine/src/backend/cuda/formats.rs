@@ -5,7 +5,7 @@
 use candle_core::quantized::GgmlDType;
 
 use crate::error::{Error, Result};
-use crate::gguf::{Gguf, Stored};
+use crate::gguf::Stored;
 
 /// How activations are quantized for a weight format (as the CPU kernels pair them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
