@@ -1,6 +1,7 @@
 //! Attention launches (`kernels/attention.cu`, `kernels/prefill.cu`): prefill rows take
-//! query tiles (`PrefillKernel` in `kv.rs`), decode rows the one-query kernel, split
-//! over several blocks a head (flash-decoding) when a row sees many keys.
+//! query tiles (`PrefillKernel` in `kv.rs`), decode rows the one-query kernel; a decode
+//! row that sees many keys takes flash-decoding (`flashdec.rs`, sm_80 and later) or,
+//! without it, the one-query kernel split over several blocks a head.
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DevicePtrMut, LaunchConfig, PushKernelArg};
@@ -12,7 +13,8 @@ use super::programs::{ATTENTION, PREFILL};
 use crate::error::{Error, Result};
 use crate::kernels::AttnSpec;
 
-/// A decode row seeing more keys than this is split (`ATT_SPLIT_MIN` in the kernel).
+/// A decode row seeing more keys than this takes flash-decoding, or without it is split
+/// (`ATT_SPLIT_MIN` in the kernel; the `above` of `flashdec.cu`).
 pub(crate) const SPLIT_MIN: usize = 512;
 /// Blocks a head for a split row (each at least `ATT_SPLIT_KEYS`, 256, keys; at most
 /// `ATT_MAX_SPLITS`).
@@ -111,7 +113,11 @@ impl Gpu {
             }
             None => (0, 0, 0, 0),
         };
-        let z = splits(plan.long, spec.window);
+        // Flash-decoding when a row may see more than SPLIT_MIN keys (the one-query
+        // kernel, unsplit, keeps the rows that do not); else the older split.
+        let flash = plan.flash && splits(plan.long, spec.window) > 1;
+        let z = if flash { 1 } else { splits(plan.long, spec.window) };
+        let above = if flash { SPLIT_MIN as i32 } else { i32::MAX };
         // Each split block's normalized output, max and sum: [T][n_heads][z][hd + 2].
         let mut part = if z > 1 {
             // SAFETY: f32 has no invalid bit patterns; `attention_combine` reads only the
@@ -129,8 +135,8 @@ impl Gpu {
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(q).arg(&mut out).arg(&plan.bases).arg(&plan.caps).arg(&plan.tok_row).arg(&plan.tok_pos);
-        b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window).arg(&sinks);
-        b.arg(&qs).arg(&qd).arg(&qsum).arg(&with_sum).arg(&part_ptr);
+        b.arg(&plan.singles).arg(&li).arg(&hi).arg(&ki).arg(&di).arg(&spec.scale).arg(&window).arg(&above);
+        b.arg(&sinks).arg(&qs).arg(&qd).arg(&qsum).arg(&with_sum).arg(&part_ptr);
         // SAFETY: sinks is null or holds nh values (a device copy of `spec.sinks`, checked
         // above); q and out hold total*nh*hd; every token's row mirror holds positions
         // 0..=pos for this layer (synced in plan_kv, this pass's written by kv_store);
@@ -152,6 +158,9 @@ impl Gpu {
             unsafe { b.launch(cfg) }.map_err(drv("attention_combine"))?;
         }
         drop(part);
+        if flash {
+            self.flash_decode(plan, (layer, q, sinks), spec, &mut out, (qs, qd, qsum, with_sum))?;
+        }
         Ok(out)
     }
 }

@@ -70,6 +70,8 @@ pub struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     arch: String,
     name: String,
+    /// Streaming multiprocessors (flash-decoding sizes its splits by them).
+    pub(crate) sms: usize,
     /// cuBLAS for prefill GEMMs, when the library is present.
     pub(crate) blas: Option<cudarc::cublas::CudaBlas>,
     modules: HashMap<&'static str, Arc<CudaModule>>,
@@ -114,6 +116,8 @@ impl Gpu {
         keep_pool(&ctx)?;
         let (major, minor) = ctx.compute_capability().map_err(drv("compute capability"))?;
         let arch = format!("sm_{major}{minor}");
+        let sm_attr = cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let sms = ctx.attribute(sm_attr).map_err(drv("SM count"))?.max(1) as usize;
         // NVRTC compiles each program on its own thread (the GEMV program alone takes
         // seconds); loading stays on this one.
         let bins: Vec<Result<Vec<u8>>> = std::thread::scope(|s| {
@@ -135,9 +139,11 @@ impl Gpu {
             tracing::info!("libcublas.so.13 not found: prefill takes the MMQ kernel instead of f16 cuBLAS");
             None
         };
-        tracing::info!(ordinal, device = %name, %arch, ms = t.elapsed().as_millis() as u64, "CUDA device ready");
+        tracing::info!(ordinal, device = %name, %arch, sms, ms = t.elapsed().as_millis() as u64, "CUDA device ready");
         let (functions, pinned) = (Mutex::new(HashMap::new()), Mutex::default());
-        Ok(Self { ctx, stream, arch, name, blas, modules, functions, pinned })
+        let gpu = Self { ctx, stream, arch, name, sms, blas, modules, functions, pinned };
+        gpu.prepare_flash()?;
+        Ok(gpu)
     }
 
     /// Open device 0, or say why not in one log line (the caller stays on the CPU).

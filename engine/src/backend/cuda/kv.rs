@@ -55,6 +55,9 @@ pub(crate) struct KvPlan {
     /// `PlanHost::long`: decode attention may split rows (a different set of launches,
     /// so a captured step is only replayed for plans with the same value).
     pub(crate) long: bool,
+    /// Whether decode rows past `attention::SPLIT_MIN` keys take flash-decoding
+    /// (`Gpu::flash_wanted`, set at upload; tests clear it to run the older split).
+    pub(crate) flash: bool,
     /// New K/V of every layer, `[layer][k|v][T][kv_dim]`, for the host cache.
     pub(crate) stage: CudaSlice<f16>,
     pub(crate) total: usize,
@@ -214,6 +217,7 @@ impl Gpu {
             n_tiles: h.tiles.len() / 2,
             n_singles: h.singles.len(),
             long: h.long(),
+            flash: self.flash_wanted(),
             stage: s.alloc_zeros(h.n_layers * 2 * total * h.kv_dim).map_err(up())?,
             total,
             kv_dim: h.kv_dim,

@@ -13,6 +13,7 @@ mod attention;
 mod device;
 mod download;
 pub mod fit;
+mod flashdec;
 mod formats;
 mod forward;
 mod fused;
@@ -32,6 +33,8 @@ mod weights;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_flash;
 #[cfg(test)]
 mod tests_gemv;
 #[cfg(test)]

@@ -29,7 +29,11 @@ pub const OPS: Program = Program { name: "ops", files: &[("ops.cu", include_str!
 pub const EMBED: Program = Program { name: "embed", files: &[("embed.cu", include_str!("kernels/embed.cu"))] };
 pub const ATTENTION: Program = Program {
     name: "attention",
-    files: &[("kv.cu", include_str!("kernels/kv.cu")), ("attention.cu", include_str!("kernels/attention.cu"))],
+    files: &[
+        ("kv.cu", include_str!("kernels/kv.cu")),
+        ("attention.cu", include_str!("kernels/attention.cu")),
+        ("flashdec.cu", include_str!("kernels/flashdec.cu")),
+    ],
 };
 pub const MOE: Program = Program { name: "moe", files: &[("moe.cu", include_str!("kernels/moe.cu"))] };
 pub const PREFILL: Program = Program { name: "prefill", files: &[("prefill.cu", include_str!("kernels/prefill.cu"))] };

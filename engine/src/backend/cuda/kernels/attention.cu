@@ -100,6 +100,7 @@ __device__ __forceinline__ void store_out(const float* vals, float* __restrict__
 // batches. A split block writes its normalized partial output, max and sum to `part`
 // ([tok][head][split][hd + 2]) for `attention_combine`; an unsplit one writes the output
 // and, with `qs` given (hd a multiple of 32), quantizes it for the next matmul.
+// Rows that see more than `above` keys are left to flashdec.cu (INT_MAX: none).
 // grid (toks, n_heads, splits), block 32 * ATT_WARPS; hd <= D, a multiple of 8.
 template <int D>
 __device__ __forceinline__ void attention_one(const float* __restrict__ q, float* __restrict__ out,
@@ -107,7 +108,7 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
                                               const int* __restrict__ caps, const int* __restrict__ tok_row,
                                               const int* __restrict__ tok_pos, const int* __restrict__ toks,
                                               int layer, int n_heads, int n_kv, int hd, float scale, int window,
-                                              const float* __restrict__ sinks, i8* __restrict__ qs,
+                                              int above, const float* __restrict__ sinks, i8* __restrict__ qs,
                                               float* __restrict__ qd, float* __restrict__ qsum, int with_sum,
                                               float* __restrict__ part) {
     constexpr int PL = D / 32, R = D <= 128 ? 16 : 8;
@@ -118,8 +119,11 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
     const int t = toks[blockIdx.x], h = blockIdx.y, z = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int r = tok_row[t], pos = tok_pos[t];
+    const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+    // Rows seeing more than `above` keys are flashdec.cu's.
+    if (pos - lo + 1 > above) return;
     int a, b;
-    const int splits = split_range(window > 0 ? max(0, pos - window + 1) : 0, pos, gridDim.z, z, &a, &b);
+    const int splits = split_range(lo, pos, gridDim.z, z, &a, &b);
     if (z >= splits) return;
     const int kv_dim = n_kv * hd;
     const unsigned short* K = kv_plane(bases, caps, r, layer, 0, n_heads, n_kv, hd, h);
@@ -237,11 +241,11 @@ __device__ __forceinline__ void attention_one(const float* __restrict__ q, float
                                              const int* __restrict__ caps, const int* __restrict__ tok_row,     \
                                              const int* __restrict__ tok_pos, const int* __restrict__ toks,     \
                                              int layer, int n_heads, int n_kv, int hd, float scale, int window, \
-                                             const float* __restrict__ sinks, i8* __restrict__ qs,              \
+                                             int above, const float* __restrict__ sinks, i8* __restrict__ qs,   \
                                              float* __restrict__ qd, float* __restrict__ qsum, int with_sum,    \
                                              float* __restrict__ part) {                                        \
         attention_one<D>(q, out, bases, caps, tok_row, tok_pos, toks, layer, n_heads, n_kv, hd, scale, window,  \
-                         sinks, qs, qd, qsum, with_sum, part);                                                  \
+                         above, sinks, qs, qd, qsum, with_sum, part);                                           \
     }
 ATTENTION_ONE(64)
 ATTENTION_ONE(128)

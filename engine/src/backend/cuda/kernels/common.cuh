@@ -30,6 +30,20 @@ __device__ __forceinline__ unsigned short f2h(float f) {
     return h;
 }
 
+// Two floats rounded to f16, packed low then high (an f16 mma operand).
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+}
+
+// D += A·B on the tensor cores (sm_80 and later), m16n8k16, f16 operands, f32 sums;
+// fragment layouts as in prefill.cu.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

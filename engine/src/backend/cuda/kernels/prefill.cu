@@ -226,17 +226,6 @@ TILED_KERNEL(attention_tiled_256, 16, 1, 2)
 // grid (tiles, n_heads), block 128.
 #define FA_KT 64
 
-__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
-    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
-}
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int HD>
 __device__ __forceinline__ void attention_mma(const float* __restrict__ q, float* __restrict__ out,
                                               const unsigned long long* __restrict__ bases,
