@@ -1,8 +1,9 @@
-//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3) and
-//! gpt-oss (issue 34) against llama.cpp, on the noise models `scripts/models/make-gguf`
-//! writes (tiny shapes, the families' real vocabularies): corral's CPU greedy tokens with
-//! the default batch-invariant numerics must equal llama.cpp's serial path
-//! (`llama-server -ub 1`, fixtures from `scripts/models/oracle/serial`), and a batched
+//! The families of issue 33 (Llama 3.x, qwen2, qwen3, qwen3moe, mistral3, phi3), gpt-oss
+//! (issue 34) and the Qwen3.5 hybrids (qwen35, qwen35moe: issue 36) against llama.cpp, on
+//! the noise models `scripts/models/make-gguf` writes (tiny shapes, the families' real
+//! vocabularies): corral's CPU greedy tokens with the default batch-invariant numerics
+//! must equal llama.cpp's serial path (`llama-server -ub 1`, fixtures from
+//! `scripts/models/oracle/serial`), and a batched
 //! greedy decode must equal them too.
 //! (Decoded on llama.cpp's tokens: where all agree, that is the free-running decode.)
 //!
@@ -110,7 +111,7 @@ fn margin_noise(preset: &str, kind: &str) -> f64 {
 /// The fixtures captured on an AVX2-only host (see `margin_noise`), whose lane orders move
 /// llama.cpp's margins by up to a few 1e-3 from the AVX-512 arithmetic corral reproduces.
 fn avx2_fixture(preset: &str) -> bool {
-    matches!(preset, "qwen3moe" | "gpt-oss" | "qwen35")
+    matches!(preset, "qwen3moe" | "gpt-oss" | "qwen35" | "qwen35moe")
 }
 
 /// Our argmax and top-2 logit margin at each of llama.cpp's steps after `prompt`, one
@@ -284,6 +285,20 @@ fn qwen35_q8_0_equals_llama_cpp_serial() {
 #[test]
 fn qwen35_q4_0_equals_llama_cpp_serial() {
     serial_and_batched_equal_llama_cpp("qwen35", "q4_0");
+}
+
+// qwen35moe: qwen35's hybrid layers with a mixture of experts in place of every MLP (16
+// experts, 4 used: qwen3moe's routing) plus a shared expert scaled by its own sigmoid gate,
+// and a multi-token-prediction block after the layers that both engines leave unread;
+// fixtures from an AVX2-only host, held as qwen35's.
+#[test]
+fn qwen35moe_q8_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen35moe", "q8_0");
+}
+
+#[test]
+fn qwen35moe_q4_0_equals_llama_cpp_serial() {
+    serial_and_batched_equal_llama_cpp("qwen35moe", "q4_0");
 }
 
 #[test]
