@@ -9,7 +9,14 @@ use std::path::PathBuf;
 use super::models_dir;
 
 pub fn generated_model(preset: &str, kind: &str) -> Option<PathBuf> {
-    let path = models_dir().join(format!("generated/{preset}-{kind}.gguf"));
+    generated_model_with(preset, None, kind)
+}
+
+/// `generated_model` with another vocabulary than the preset's (make-gguf's `--vocab`):
+/// kept as `<preset>-<vocab>-<type>.gguf`.
+pub fn generated_model_with(preset: &str, vocab: Option<&str>, kind: &str) -> Option<PathBuf> {
+    let name = vocab.map_or(format!("{preset}-{kind}"), |v| format!("{preset}-{v}-{kind}"));
+    let path = models_dir().join(format!("generated/{name}.gguf"));
     if path.is_file() {
         return Some(path);
     }
@@ -21,6 +28,7 @@ pub fn generated_model(preset: &str, kind: &str) -> Option<PathBuf> {
     let made = std::process::Command::new("python3")
         .args([&format!("{root}/scripts/models/make-gguf"), own.to_str().expect("a UTF-8 path")])
         .args(["--preset", preset, "--type", kind, "--jobs", "1"])
+        .args(vocab.map(|v| ["--vocab", v]).into_iter().flatten())
         .output()
         .expect("python3 runs");
     if made.status.success() {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use crate::common::chat::*;
 use crate::common::gateway::Gateway;
-use crate::common::models_dir;
+use crate::common::generated::generated_model_with;
 use serde_json::{Value, json};
 
 /// o200k token ids (the vocabulary's fixed ranks): `analysis`, `comment`, `final`.
@@ -26,28 +26,7 @@ const FINAL: &str = "17196";
 const MARKERS: [&str; 5] = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"];
 
 fn model() -> Option<PathBuf> {
-    let path = models_dir().join("generated/qwen2-o200k-harmony-q4_0.gguf");
-    if path.is_file() {
-        return Some(path);
-    }
-    // Tests run in parallel processes: each writes its own file, then renames it into
-    // place (the bytes are the same every time).
-    let root = env!("CARGO_MANIFEST_DIR");
-    let own = path.with_extension(format!("{}.tmp", std::process::id()));
-    std::fs::create_dir_all(path.parent().expect("a dir")).expect("creates the models dir");
-    let made = std::process::Command::new("python3")
-        .args([&format!("{root}/scripts/models/make-gguf"), own.to_str().unwrap()])
-        .args(["--preset", "qwen2", "--vocab", "o200k-harmony", "--type", "q4_0", "--jobs", "1"])
-        .output()
-        .expect("python3 runs");
-    if made.status.success() {
-        std::fs::rename(&own, &path).expect("renames the model into place");
-        return Some(path);
-    }
-    let why = String::from_utf8_lossy(&made.stderr);
-    assert!(std::env::var("CORRAL_REQUIRE_GENERATED").as_deref() != Ok("1"), "cannot make {}: {why}", path.display());
-    eprintln!("skipped: run scripts/models/vocab-o200k ({})", why.trim());
-    None
+    generated_model_with("qwen2", Some("o200k-harmony"), "q4_0")
 }
 
 fn gateway() -> Option<Gateway> {
