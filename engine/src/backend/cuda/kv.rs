@@ -125,9 +125,25 @@ impl Gpu {
         let mut mirror = cache.mirror_mut().take().filter(|m| m.data.downcast_ref::<DeviceKv>().is_some());
         let cap = mirror.as_ref().and_then(|m| m.data.downcast_ref::<DeviceKv>()).map_or(0, |k| k.cap);
         if cap < need {
-            let cap = need.max(2 * cap).next_multiple_of(GROW);
-            let buf = self.stream.alloc_zeros::<f16>(shape.n_layers * 2 * cap * d).map_err(drv("alloc KV"))?;
-            mirror = Some(Mirror { len: 0, data: Box::new(DeviceKv { buf, cap }) });
+            let grown = need.max(2 * cap).next_multiple_of(GROW);
+            let mut buf = self.stream.alloc_zeros::<f16>(shape.n_layers * 2 * grown * d).map_err(drv("alloc KV"))?;
+            // What the old mirror holds moves over on the device, one copy a layer and
+            // K/V (its planes start `cap` positions apart, the new ones `grown`): a
+            // re-upload from the host would cost the whole context's bytes over the bus
+            // each time a sequence outgrows its mirror (the first decode step after a long
+            // prompt, every doubling while one is read).
+            let kept = match mirror.as_ref().map(|m| (m.len.min(len), m.data.downcast_ref::<DeviceKv>())) {
+                Some((n, Some(old))) if n > 0 => {
+                    for plane in 0..shape.n_layers * 2 {
+                        let src = old.buf.slice(plane * old.cap * d..(plane * old.cap + n) * d);
+                        let mut dst = buf.slice_mut(plane * grown * d..(plane * grown + n) * d);
+                        self.stream.memcpy_dtod(&src, &mut dst).map_err(drv("grow KV"))?;
+                    }
+                    n
+                }
+                _ => 0,
+            };
+            mirror = Some(Mirror { len: kept, data: Box::new(DeviceKv { buf, cap: grown }) });
         }
         let mut m = mirror.unwrap_or_else(|| unreachable!("made above"));
         let from = m.len.min(len);

@@ -155,7 +155,8 @@ fn cuda_kv_mirror_follows_truncate_growth_and_clones() {
     extend(&mut c, 100);
     let (got, want) = attend_last(&mut c);
     rel_err("truncated and refilled", &got, &want, 2e-3);
-    // Past the mirror's first capacity (512): reallocated and refilled from the host.
+    // Past the mirror's first capacity (512): reallocated, the positions it held copied on
+    // the device, the rest uploaded from the host.
     extend(&mut c, 400);
     let (got, want) = attend_last(&mut c);
     rel_err("grown", &got, &want, 2e-3);
