@@ -1,7 +1,9 @@
 """make-gguf's presets: the shapes and the rotary/vocabulary settings of each noise model
 (imported by scripts/models/make-gguf; `make-gguf --list` prints them).
 
-llama `tiny`, `smol` (SmolLM2-135M shapes), `1b`, `8b` (a SentencePiece filler vocabulary);
+llama `tiny`, `smol` (SmolLM2-135M shapes), `1b`, `8b` (a SentencePiece filler vocabulary; `1b` and
+`8b` declare a 131,072-token context, as Llama 3.2 1B and 3.1 8B do, so scripts/bench/gpu's long
+prompts fit);
 gemma3 `gtiny` (6 layers: five sliding-window, one global) and `g270m` (Gemma 3 270M shapes,
 its 262,144-token vocabulary).
 
@@ -89,8 +91,10 @@ multi-token-prediction blocks to a hybrid.
 PRESETS = {
     "tiny": dict(arch="llama", hidden=256, layers=2, heads=8, kv_heads=2, ffn=512, vocab=32000, rope=10000.0),
     "smol": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, ffn=1536, vocab=49152, rope=100000.0),
-    "1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=32000, rope=500000.0),
-    "8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=32000, rope=500000.0),
+    "1b": dict(arch="llama", hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=32000, rope=500000.0,
+               ctx=131072),
+    "8b": dict(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=32000, rope=500000.0,
+               ctx=131072),
     "gtiny": dict(arch="gemma3", hidden=256, layers=6, heads=4, kv_heads=1, head_dim=128, ffn=512, vocab=32000,
                   window=128),
     "g270m": dict(arch="gemma3", hidden=640, layers=18, heads=4, kv_heads=1, head_dim=256, ffn=2048, vocab=262144,
