@@ -46,6 +46,13 @@ pub fn snapshot_due(len: usize, prompt_len: usize) -> bool {
     len > 0 && len <= prompt_len && (len.is_multiple_of(EVERY) || tail(prompt_len) == Some(len))
 }
 
+/// How many snapshots reading a prompt of `prompt_len` takes (at most: a prompt resumed
+/// from a checkpoint skips those below it): its grid positions and its tail. With the
+/// sequence's own state, what memory admission reserves for a hybrid model's row.
+pub fn snapshots(prompt_len: usize) -> usize {
+    prompt_len / EVERY + tail(prompt_len).is_some_and(|t| !t.is_multiple_of(EVERY)) as usize
+}
+
 /// The longest prefix of at most `n` positions that can be restored from states at
 /// positions `at` (ascending): the newest at or below `n`, else nothing.
 pub fn restorable(at: impl IntoIterator<Item = usize>, n: usize) -> usize {
@@ -95,6 +102,19 @@ mod tests {
         assert!(!snapshot_due(184, 200), "no tail for a short prompt");
         assert!(!snapshot_due(0, 5000));
         assert!(snapshot_due(TAIL_MIN_PROMPT - TAIL, TAIL_MIN_PROMPT));
+    }
+
+    #[test]
+    fn the_snapshot_count_is_what_reading_the_prompt_takes() {
+        for len in [1, 255, 256, 2047, 2048, 2064, 2065, 4096, 5000, 8200] {
+            let due = chunks(0, 512, len).into_iter().filter(|&e| snapshot_due(e, len)).count();
+            assert_eq!(snapshots(len), due, "a prompt of {len}");
+        }
+        assert_eq!(
+            (snapshots(255), snapshots(5000), snapshots(2064)),
+            (0, 3, 1),
+            "none; 2048, 4096, tail; on the grid"
+        );
     }
 
     #[test]

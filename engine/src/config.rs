@@ -292,6 +292,16 @@ impl ModelConfig {
         self.n_layers - self.hybrid.as_ref().map_or(0, HybridConfig::recurrent_layers)
     }
 
+    /// A hybrid model's per-sequence recurrent state (its conv and delta-rule state of
+    /// every recurrent layer); `None` for other models.
+    pub fn recurrent_shape(&self) -> Option<crate::recurrent::RecurrentShape> {
+        self.hybrid.as_ref().map(|hy| crate::recurrent::RecurrentShape {
+            layers: hy.recurrent_layers(),
+            conv: hy.conv_state(),
+            ssm: hy.ssm_state(),
+        })
+    }
+
     /// K (or V) floats per token per layer.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim

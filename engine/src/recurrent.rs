@@ -19,6 +19,14 @@ pub struct RecurrentShape {
     pub ssm: usize,
 }
 
+impl RecurrentShape {
+    /// Bytes of one state (f32): what a hybrid model's sequence holds besides its KV,
+    /// and each of its checkpoints again.
+    pub fn bytes(&self) -> usize {
+        self.layers * (self.conv + self.ssm) * std::mem::size_of::<f32>()
+    }
+}
+
 /// One sequence's recurrent state, all layers; zeros before the first token.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecurrentState {
@@ -62,6 +70,6 @@ impl RecurrentState {
     }
 
     pub fn bytes(&self) -> usize {
-        (self.conv.len() + self.ssm.len()) * std::mem::size_of::<f32>()
+        self.shape.bytes()
     }
 }

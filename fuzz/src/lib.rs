@@ -14,7 +14,7 @@ mod request;
 mod scratch;
 mod tool_calls;
 
-pub use cache_file::cache_file;
+pub use cache_file::{cache_file, cache_file_hybrid};
 pub use chat_template::chat_template;
 pub use gguf_header::gguf_header;
 pub use model_id::model_id;

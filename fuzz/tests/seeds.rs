@@ -70,6 +70,7 @@ macro_rules! replay_tests {
 replay_tests!(
     anthropic_request,
     cache_file,
+    cache_file_hybrid,
     chat_template,
     gguf_header,
     model_id,

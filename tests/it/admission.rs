@@ -97,6 +97,27 @@ fn fit_reports_weights_kv_per_token_and_the_context_that_fits() {
     let size = std::fs::metadata(&model).unwrap().len();
     assert_eq!(v["weight_bytes"], size);
     assert_eq!(v["kv_bytes_per_token"], 30 * 2 * 192 * 2, "30 layers, 3 KV heads of 64, f16");
-    assert_eq!(v["max_context_in_budget"], (1_000_000_000 - size) / 23_040);
+    assert_eq!(v["max_context_in_budget"], (1_000_000_000 - size) / (23_040 * 32) * 32, "whole 32-token blocks");
+    assert_eq!(v["recurrent_state_bytes"], 0);
     assert!(v["read_bandwidth_bytes_s"].as_f64().unwrap() > 1e8 && v["decode_tok_s_bound"].as_f64().unwrap() > 1.0);
+}
+
+/// A hybrid model (make-gguf's tiny qwen35: one attention layer, three Gated DeltaNet
+/// layers): KV for the attention layer only, and the recurrent state per sequence.
+#[test]
+fn fit_counts_a_hybrid_models_recurrent_state() {
+    let Some(model) = crate::common::generated::generated_model("qwen35", "q8_0") else { return };
+    let out = run_corral(
+        &["fit", model.to_str().unwrap(), "--json", "--memory-budget", "0.2", "--threads", "1"],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kv_bytes_per_token"], 2 * 256 * 2, "1 attention layer, 2 KV heads of 128, f16");
+    assert_eq!(v["recurrent_state_bytes"], 3 * (3 * 512 + 4 * 64 * 64) * 4, "3 layers of conv and delta state");
+    // 0.2 GB less the weights: the KV of n tokens and 1 + n/2048 + 1 states.
+    let room = 200_000_000 - std::fs::metadata(&model).unwrap().len();
+    let n = v["max_context_in_budget"].as_u64().unwrap();
+    let need = |n: u64| n * 1024 + (2 + n / 2048) * 215_040;
+    assert!(need(n) <= room && need(n + 32) > room, "{n} tokens in {room} bytes");
 }

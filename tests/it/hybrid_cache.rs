@@ -80,6 +80,43 @@ fn a_shared_prefix_restores_the_newest_checkpoint_and_answers_as_uncached() {
     assert_eq!((ssd["restores"].as_u64(), ssd["rejected_files"].as_u64()), (Some(1), Some(0)), "{ssd}");
 }
 
+/// qwen35moe (the experts and their shared expert between the same hybrid layers): two
+/// requests that restore different checkpoints of one cached prompt (the grid one at
+/// 2,048 and the tail at 2,984) run in the same forward passes, and each answers as an
+/// engine without a cache answers it alone.
+#[test]
+fn rows_restored_from_different_checkpoints_batch_and_answer_as_uncached() {
+    let Some(model) = generated_model("qwen35moe", "q8_0") else { return };
+    let reference = EngineProc::start(&model, &["--prompt-cache", "0", "--threads", "1", "--ctx", "4096"]);
+    let e = EngineProc::start(&model, &["--threads", "1", "--ctx", "4096", "--batch", "2"]);
+    let base = ids(3, 3000);
+    assert_eq!(complete(&e, &base).1, 0);
+    let prompts = [with_tail(&base[..2990], 11, 200), with_tail(&base[..2500], 12, 200)];
+    let body = |p: &Vec<u32>| json!({"prompt": p, "max_tokens": 8, "temperature": 0, "logprobs": 1});
+    let start = std::sync::Barrier::new(prompts.len());
+    let got: Vec<Value> = std::thread::scope(|s| {
+        let rows: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (e, start) = (&e, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let r = e.post("/v1/completions", &body(p));
+                    assert_eq!(r.status, 200, "{}", r.text());
+                    r.json()
+                })
+            })
+            .collect();
+        rows.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for ((v, p), want) in got.iter().zip(&prompts).zip([2984, 2048]) {
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], want, "{}", v["usage"]);
+        assert_eq!(v["choices"][0]["logprobs"].to_string(), complete(&reference, p).0, "restored from {want}");
+    }
+    let lanes: Vec<&Value> = got.iter().map(|v| &v["usage"]["lane"]).collect();
+    assert!(lanes.iter().any(|l| *l == "batch"), "the rows shared a pass: {lanes:?}");
+}
+
 /// Deterministic prose of about `words` words (several hundred distinct words, so the
 /// tokenizer sees ordinary text).
 fn prose(seed: u64, words: usize) -> String {

@@ -195,6 +195,7 @@ pub fn read_header(path: &Path, expect: &Identity) -> Result<Header, Reject> {
     let (kv, states) = tensors.split_at(2 * n_layers);
     check_kv_table(kv, n_tokens, kv_dim, body_len)?;
     let states = check_state_table(states, n_tokens, recurrent, body_len)?;
+    check_end_to_end(&tensors, body_len)?;
     let header = Header {
         identity: expect.clone(),
         prefix_key: prefix,
@@ -258,6 +259,23 @@ fn check_state_table(
         return Err(bad("the last recurrent state is not at the end of the tokens"));
     }
     Ok(positions)
+}
+
+/// The tensors lie end to end in table order from the body's start and fill it, as the
+/// writer lays them: no two share bytes, so restoring builds no more than the file holds
+/// (a forged table pointing many states at one state's bytes would multiply it).
+fn check_end_to_end(tensors: &[TensorEntry], body_len: u64) -> Result<(), Reject> {
+    let mut end = 0u64;
+    for (i, t) in tensors.iter().enumerate() {
+        if t.offset != end {
+            return Err(bad(format!("tensor {i} at offset {} (the previous one ends at {end})", t.offset)));
+        }
+        end = t.offset.checked_add(t.len).ok_or_else(|| bad("tensor range overflows"))?;
+    }
+    if end != body_len {
+        return Err(bad(format!("tensors end at {end}, the body at {body_len}")));
+    }
+    Ok(())
 }
 
 fn read_footer(f: &mut File, h: &Header) -> Result<(), Reject> {

@@ -246,3 +246,26 @@ fn recurrent_shapes_must_match() {
     let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left.len(), 2, "nothing half-written: {left:?}");
 }
+
+/// A table that points a state at another state's bytes (its checksums recomputed, as a
+/// forger would) is refused: otherwise a few bytes could become many states in memory.
+#[test]
+fn tensors_that_share_bytes_are_refused() {
+    let dir = Dir::new("hybrid-alias");
+    let (path, ..) = written_hybrid(&dir, &[16, 40]);
+    let h = read_header(&path, &hybrid_identity()).unwrap();
+    let mut b = std::fs::read(&path).unwrap();
+    // The second state's convolution tensor (entry 8) at the first one's offset.
+    let at = FIXED_HEADER + 4 * h.tokens.len() + 8 * TENSOR_ENTRY + 8;
+    b[at..at + 8].copy_from_slice(&h.tensors[6].offset.to_le_bytes());
+    let hlen = header_len(h.tokens.len(), h.tensors.len());
+    b[CHECKSUM_AT..CHECKSUM_AT + 8].fill(0);
+    let sum = xxh3_64(&b[..hlen]).to_le_bytes();
+    b[CHECKSUM_AT..CHECKSUM_AT + 8].copy_from_slice(&sum);
+    let end = b.len();
+    b[end - 8..].copy_from_slice(&sum);
+    let copy = dir.0.join("alias.kv");
+    std::fs::write(&copy, &b).unwrap();
+    let e = read_header(&copy, &hybrid_identity()).unwrap_err();
+    assert!(matches!(&e, Reject::Header(m) if m.contains("tensor 8 at offset")), "{e}");
+}

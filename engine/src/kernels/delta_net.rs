@@ -23,10 +23,10 @@ pub fn conv_step(state: &mut [f32], w: &[f32], x: &[f32], taps: usize) -> Vec<f3
     let mut out = Vec::with_capacity(x.len());
     for ((s, w), &x) in state.chunks_exact_mut(keep).zip(w.chunks_exact(taps)).zip(x) {
         let mut sum = 0.0f32;
-        for (v, c) in s.iter().chain(std::iter::once(&x)).zip(w) {
+        for (v, c) in s.iter().zip(w) {
             sum = v.mul_add(*c, sum);
         }
-        out.push(sum);
+        out.push(x.mul_add(w[keep], sum));
         s.copy_within(1.., 0);
         s[keep - 1] = x;
     }
@@ -82,21 +82,21 @@ pub struct DeltaStep<'a> {
     pub beta: f32,
 }
 
+/// One `DeltaStep` through the delta rule, row by row in one pass over the state: a row's
+/// decay, `δ_j`, update and read depend on that row alone, so this is the op's arithmetic
+/// exactly, without an allocation or three more passes over the state.
 pub fn delta_step(state: &mut [f32], t: &DeltaStep<'_>, out: &mut [f32]) {
     let d = t.v.len();
     let decay = t.g.exp();
-    for s in state.iter_mut() {
-        *s *= decay;
-    }
-    let delta: Vec<f32> =
-        state.chunks_exact(d).zip(t.v).map(|(row, &v)| (v - dot_vec_f32(row, t.k)) * t.beta).collect();
-    for (row, &dj) in state.chunks_exact_mut(d).zip(&delta) {
+    let scale = 1.0 / (d as f32).sqrt();
+    for ((row, &v), o) in state.chunks_exact_mut(d).zip(t.v).zip(out.iter_mut()) {
+        for s in row.iter_mut() {
+            *s *= decay;
+        }
+        let dj = (v - dot_vec_f32(row, t.k)) * t.beta;
         for (s, &k) in row.iter_mut().zip(t.k) {
             *s = k.mul_add(dj, *s);
         }
-    }
-    let scale = 1.0 / (d as f32).sqrt();
-    for (o, row) in out.iter_mut().zip(state.chunks_exact(d)) {
         *o = dot_vec_f32(row, t.q) * scale;
     }
 }

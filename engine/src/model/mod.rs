@@ -194,11 +194,7 @@ impl Model {
 
     /// The recurrent state's shape of a hybrid model (what a cache file's states must match).
     pub fn recurrent_shape(&self) -> Option<crate::recurrent::RecurrentShape> {
-        self.config.hybrid.as_ref().map(|hy| crate::recurrent::RecurrentShape {
-            layers: hy.recurrent_layers(),
-            conv: hy.conv_state(),
-            ssm: hy.ssm_state(),
-        })
+        self.config.recurrent_shape()
     }
 
     pub fn new_cache(&self) -> SeqCache {

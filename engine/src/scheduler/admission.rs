@@ -1,9 +1,11 @@
 //! Memory admission: every request reserves the KV its prompt plus `max_tokens` can
-//! grow to (in whole cache blocks), against the engine's KV budget (`--kv-budget`, by
-//! default the memory budget less the model file). Pure decisions, tested with plain
-//! values; the generation thread holds the running total.
+//! grow to (in whole cache blocks), and for a hybrid model the recurrent states it holds
+//! (its own and the snapshots taken while reading its prompt, `checkpoint::snapshots`),
+//! against the engine's KV budget (`--kv-budget`, by default the memory budget less the
+//! model file). Pure decisions, tested with plain values; the generation thread holds the
+//! running total.
 //!
-//! - a prompt whose KV cannot fit the budget even alone is refused
+//! - a prompt whose KV and states cannot fit the budget even alone is refused
 //!   (`SchedulerError::OverBudget`, with the numbers);
 //! - `max_tokens` (or the context's room, when unset) beyond what fits is capped, and
 //!   the cap is reported (a `Warning` header);
@@ -11,26 +13,57 @@
 //!   until rows leave (`fits_now`).
 
 use super::SchedulerError;
+use crate::checkpoint;
 use crate::kv::BLOCK_TOKENS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvBudget {
-    /// Bytes of KV all running rows together may hold.
+    /// Bytes of KV (and recurrent states) all running rows together may hold.
     pub bytes: u64,
     /// Bytes of K+V per cached position.
     pub per_token: u64,
+    /// Bytes of one recurrent state of a hybrid model (the convolution and delta-rule
+    /// state of every recurrent layer, `RecurrentShape::bytes`); 0 for other models.
+    pub state_bytes: u64,
 }
 
 impl KvBudget {
-    /// The most positions one row can hold within the budget (whole blocks).
-    pub fn max_tokens(&self) -> usize {
-        let block = BLOCK_TOKENS as u64 * self.per_token.max(1);
-        ((self.bytes / block) * BLOCK_TOKENS as u64) as usize
+    /// Bytes of recurrent state a row whose prompt is `prompt` tokens holds: its own
+    /// state and a snapshot at each checkpoint of the prompt (none for other models).
+    pub fn states(&self, prompt: usize) -> u64 {
+        if self.state_bytes == 0 {
+            return 0;
+        }
+        (1 + checkpoint::snapshots(prompt) as u64) * self.state_bytes
     }
 
-    /// Bytes reserved for a row that may reach `tokens` positions.
-    pub fn reserve(&self, tokens: usize) -> u64 {
-        tokens.div_ceil(BLOCK_TOKENS) as u64 * BLOCK_TOKENS as u64 * self.per_token
+    /// The most positions (whole blocks) a row with a `prompt`-token prompt can reach
+    /// within the budget, beside its states.
+    fn positions_for(&self, prompt: usize) -> usize {
+        let block = BLOCK_TOKENS as u64 * self.per_token.max(1);
+        ((self.bytes.saturating_sub(self.states(prompt)) / block) * BLOCK_TOKENS as u64) as usize
+    }
+
+    /// The longest prompt (whole blocks) one row can hold within the budget with its
+    /// states: the context that fits.
+    pub fn max_tokens(&self) -> usize {
+        // `positions_for` falls as the prompt grows: the largest n <= positions_for(n).
+        let (mut lo, mut hi) = (0, self.positions_for(0) / BLOCK_TOKENS);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if mid * BLOCK_TOKENS <= self.positions_for(mid * BLOCK_TOKENS) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo * BLOCK_TOKENS
+    }
+
+    /// Bytes reserved for a row with a `prompt`-token prompt that may reach `tokens`
+    /// positions.
+    pub fn reserve(&self, prompt: usize, tokens: usize) -> u64 {
+        tokens.div_ceil(BLOCK_TOKENS) as u64 * BLOCK_TOKENS as u64 * self.per_token + self.states(prompt)
     }
 }
 
@@ -48,14 +81,15 @@ pub struct Admitted {
 /// Decide for a prompt of `prompt` tokens asking for `max_tokens` more, within a
 /// context of `ctx` positions.
 pub fn admit(prompt: usize, max_tokens: usize, ctx: usize, budget: &KvBudget) -> Result<Admitted, SchedulerError> {
-    let fit = budget.max_tokens();
+    let fit = budget.positions_for(prompt);
     if prompt + 1 > fit {
         return Err(SchedulerError::OverBudget {
             prompt,
-            need: budget.reserve(prompt + 1),
+            need: budget.reserve(prompt, prompt + 1),
             per_token: budget.per_token,
+            states: budget.states(prompt),
             budget: budget.bytes,
-            fit,
+            fit: budget.max_tokens(),
         });
     }
     let wanted = max_tokens.min(ctx.saturating_sub(prompt));
@@ -65,7 +99,7 @@ pub fn admit(prompt: usize, max_tokens: usize, ctx: usize, budget: &KvBudget) ->
     } else {
         (max_tokens, None)
     };
-    Ok(Admitted { max_tokens, kv_bytes: budget.reserve(prompt + max_tokens.min(wanted)), warning })
+    Ok(Admitted { max_tokens, kv_bytes: budget.reserve(prompt, prompt + max_tokens.min(wanted)), warning })
 }
 
 /// Whether a row reserving `need` bytes may start beside rows holding `held` bytes. A
@@ -80,15 +114,41 @@ mod tests {
 
     /// 100 bytes a token: one block is 3,200 bytes.
     fn b(bytes: u64) -> KvBudget {
-        KvBudget { bytes, per_token: 100 }
+        KvBudget { bytes, per_token: 100, state_bytes: 0 }
+    }
+
+    /// The same, and a recurrent state of 1,000 bytes.
+    fn hybrid(bytes: u64) -> KvBudget {
+        KvBudget { state_bytes: 1_000, ..b(bytes) }
     }
 
     #[test]
     fn reservations_are_whole_blocks() {
-        assert_eq!(b(0).reserve(1), 3_200);
-        assert_eq!(b(0).reserve(32), 3_200);
-        assert_eq!(b(0).reserve(33), 6_400);
+        assert_eq!(b(0).reserve(1, 1), 3_200);
+        assert_eq!(b(0).reserve(1, 32), 3_200);
+        assert_eq!(b(0).reserve(1, 33), 6_400);
         assert_eq!(b(10_000).max_tokens(), 96, "three whole blocks");
+    }
+
+    #[test]
+    fn a_hybrid_row_reserves_its_state_and_its_prompts_snapshots() {
+        // Its own state; + a tail snapshot from 256 tokens; + one per 2,048.
+        assert_eq!(hybrid(0).reserve(10, 32), 3_200 + 1_000);
+        assert_eq!(hybrid(0).reserve(300, 320), 32_000 + 2_000);
+        assert_eq!(hybrid(0).reserve(5_000, 5_024), 502_400 + 4_000, "2,048, 4,096, the tail");
+        // 10,000 bytes: 9,000 after the state, two whole blocks.
+        assert_eq!(hybrid(10_000).max_tokens(), 64);
+        let a = admit(50, 100, 4096, &hybrid(10_000)).unwrap();
+        assert_eq!((a.max_tokens, a.kv_bytes), (14, 7_400));
+        // A prompt that would fit by its KV alone, not with its states.
+        let e = admit(90, 1, 4096, &hybrid(10_000)).unwrap_err();
+        let message = e.to_string();
+        assert!(message.contains("10600 bytes") && message.contains("1000 bytes of recurrent state"), "{message}");
+        assert!(admit(90, 1, 4096, &b(10_000)).is_ok());
+        // The context that fits stops where the snapshots' growth catches up with it.
+        let big = KvBudget { bytes: 1_000_000, per_token: 1, state_bytes: 100_000 };
+        let n = big.max_tokens();
+        assert!(big.reserve(n, n) <= big.bytes && big.reserve(n + 32, n + 32) > big.bytes, "{n}");
     }
 
     #[test]

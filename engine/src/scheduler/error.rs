@@ -18,17 +18,24 @@ pub enum SchedulerError {
     #[error("request cancelled")]
     Cancelled,
 
-    /// The prompt's KV cannot fit the KV budget even with nothing else running.
+    /// The prompt's KV (and a hybrid model's recurrent states) cannot fit the KV budget
+    /// even with nothing else running.
     #[error(
-        "the prompt needs {need} bytes of KV cache ({prompt} tokens + 1 to generate, {per_token} bytes a token), \
-         more than the KV budget of {budget} bytes (room for {fit} tokens); raise --kv-budget or shorten the prompt"
+        "the prompt needs {need} bytes of KV cache ({prompt} tokens + 1 to generate, {per_token} bytes a token{}), \
+         more than the KV budget of {budget} bytes (room for {fit} tokens); raise --kv-budget or shorten the prompt",
+        states_note(*.states)
     )]
-    OverBudget { prompt: usize, need: u64, per_token: u64, budget: u64, fit: usize },
+    OverBudget { prompt: usize, need: u64, per_token: u64, states: u64, budget: u64, fit: usize },
 
     /// Starting or running the sequence failed. Shared: one failed forward pass fails
     /// every row that was in it.
     #[error(transparent)]
     Engine(Arc<crate::Error>),
+}
+
+/// A hybrid model's share of an over-budget request.
+fn states_note(states: u64) -> String {
+    if states == 0 { String::new() } else { format!(", and {states} bytes of recurrent state") }
 }
 
 impl From<crate::Error> for SchedulerError {

@@ -51,7 +51,8 @@ mod tests {
         assert_eq!(api(SchedulerError::QueueFull).kind, ErrorKind::QueueFull);
         assert_eq!(api(SchedulerError::Stopped).status(), 500);
         assert_eq!(api(SchedulerError::Cancelled).kind, ErrorKind::EngineDraining);
-        let over = SchedulerError::OverBudget { prompt: 96, need: 9_700, per_token: 100, budget: 10_000, fit: 96 };
+        let over =
+            SchedulerError::OverBudget { prompt: 96, need: 9_700, per_token: 100, states: 0, budget: 10_000, fit: 96 };
         let e = api(over);
         assert_eq!((e.kind, e.status()), (ErrorKind::ContextOverBudget, 400));
         assert!(e.message.contains("10000 bytes") && e.message.contains("room for 96 tokens"), "{}", e.message);

@@ -93,11 +93,13 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let kv_budget = admission::KvBudget {
         bytes: engine.model.device_kv_capacity().map_or(host_kv, |d| host_kv.min(d)),
         per_token: engine.model.kv_shape().bytes_per_token() as u64,
+        state_bytes: engine.model.recurrent_shape().map_or(0, |r| r.bytes() as u64),
     };
     tracing::info!(
         device = %engine.model.device().label(),
         weight_bytes = engine.file_bytes,
         kv_bytes_per_token = kv_budget.per_token,
+        recurrent_state_bytes = kv_budget.state_bytes,
         kv_budget_bytes = kv_budget.bytes,
         max_context_in_budget = kv_budget.max_tokens(),
         batch = cfg.batch,
