@@ -167,9 +167,24 @@ impl QuantMatMul {
     /// pool call: one barrier instead of one per matrix (Q, K and V; gate and up), and
     /// `x` quantized once per activation format. Returns each `[m, n_i]`.
     pub(crate) fn forward_many(mats: &[&QuantMatMul], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+        // Kernel choices read this thread's numerics: made here, before the pool runs.
+        let mut acts: Vec<Acts> = Vec::with_capacity(mats.len());
+        let mut which_acts = Vec::with_capacity(mats.len());
+        for w in mats {
+            let want = w.acts_kind(m);
+            let at = acts.iter().position(|a| a.kind() == want).unwrap_or_else(|| {
+                acts.push(Acts::quantize(want, x, m));
+                acts.len() - 1
+            });
+            which_acts.push(at);
+        }
         let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![0.0f32; m * w.n]).collect();
-        let jobs: Vec<Job<'_>> = mats.iter().map(|&w| Job { w, x, m }).collect();
-        Self::forward_each(&jobs, &mut outs.iter_mut().map(Vec::as_mut_slice).collect::<Vec<_>>());
+        let work = mats.iter().map(|w| m * w.n * w.k).sum();
+        let mut views: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        let ms = vec![m; mats.len()];
+        parallel_columns_many(&mut views, &ms, COLS, work, |i, c, tile| {
+            mats[i].chunk(&acts[which_acts[i]], m, c, tile)
+        });
         outs
     }
 
@@ -221,20 +236,20 @@ impl QuantMatMul {
     /// Columns `c * COLS ..` (fewer at the end) into `tile`, `[row][column]`.
     fn chunk(&self, acts: &Acts, m: usize, c: usize, tile: &mut [f32]) {
         match (&self.w, acts) {
-            (Weights::Q4_1(w), Acts::Q8(a, q)) => {
+            (Weights::Q4_1(w), Acts::Q8(a, _, q)) => {
                 self.chunk4(w, a, m, c, tile, dot::dots_q4_1(), q.as_ref().zip(tile::q4_1()))
             }
-            (Weights::Q5_0(w), Acts::Q8(a, q)) => {
+            (Weights::Q5_0(w), Acts::Q8(a, _, q)) => {
                 self.chunk4(w, a, m, c, tile, dot::dots_q5_0(), q.as_ref().zip(tile::q5_0()))
             }
-            (Weights::Q8_0(w), Acts::Q8(a, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0(), None),
-            (Weights::Q5_1(w), Acts::Q8(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| blocks32::q5_1_q8_1(w, a)),
+            (Weights::Q8_0(w), Acts::Q8(a, _, _)) => self.chunk4(w, a, m, c, tile, dot::dots_q8_0(), None),
+            (Weights::Q5_1(w), Acts::Q8(a, _, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| blocks32::q5_1_q8_1(w, a)),
             (Weights::Q2K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q2_k_q8_k(w, a)),
             (Weights::Q3K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q3_k_q8_k(w, a)),
             (Weights::Q5K(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::q5_k_q8_k(w, a)),
             (Weights::Iq4Xs(w), Acts::Q8K(a, _)) => self.chunk1(w, a, m, c, tile, |w, a, _| kvec::iq4_xs_q8_k(w, a)),
             (Weights::Bf16(w), Acts::Bf16(a)) => self.chunk1(w, a, m, c, tile, |w, a, _| bf16::bf16_dot(w, a)),
-            (Weights::Iq4Nl(w, path), Acts::Q8(a, _)) => {
+            (Weights::Iq4Nl(w, path), Acts::Q8(a, _, _)) => {
                 self.chunk1(w, a, m, c, tile, |w, a, _| blocks32::iq4_nl_q8_0(w, a, *path))
             }
             // The default: every row in the one-row arithmetic, rows grouped by four.
@@ -432,7 +447,7 @@ enum ActsKind {
 
 enum Acts {
     /// With the rows' scales laid out for the tile kernels where they run.
-    Q8(Vec<act::ActQ8>, Option<tile::Quads>),
+    Q8(Vec<act::ActQ8>, ActsKind, Option<tile::Quads>),
     Q8K(Vec<act::ActQ8K>, ActsKind),
     Bf16(Vec<[f32; bf16::STEP]>),
 }
@@ -443,10 +458,17 @@ impl Acts {
             ActsKind::Q8_0 | ActsKind::Q8_1 => {
                 let a = if kind == ActsKind::Q8_0 { quantize_q8_0(x) } else { quantize_q8_1(x) };
                 let quads = (m >= 4 && isa::vnni()).then(|| tile::Quads::new(&a, m, x.len() / m / QK));
-                Acts::Q8(a, quads)
+                Acts::Q8(a, kind, quads)
             }
             ActsKind::Q8K { grouped, .. } => Acts::Q8K(q8k_rows_for_q4k(x, m, grouped), kind),
             ActsKind::Bf16 => Acts::Bf16(bf16::acts_bf16(x)),
+        }
+    }
+
+    fn kind(&self) -> ActsKind {
+        match self {
+            Acts::Q8(_, k, _) | Acts::Q8K(_, k) => *k,
+            Acts::Bf16(_) => ActsKind::Bf16,
         }
     }
 }
