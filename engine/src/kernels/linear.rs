@@ -9,7 +9,7 @@
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
-use super::quant::QuantMatMul;
+use super::quant::{Job, QuantMatMul};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 
@@ -112,6 +112,28 @@ pub fn forward_many<const N: usize>(mats: [&Linear; N], x: &[f32], m: usize) -> 
         mats.iter().map(|l| l.forward(x, m)).collect::<Result<Vec<_>>>()?
     };
     Ok(outs.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
+}
+
+/// Matrices each against rows of its own (`(w, x, m)`: `w` against `x`, `[m, in_dim]`),
+/// job `i`'s `[m, out_dim]` product written into `outs[i]`: with our own kernels in one
+/// pool call (`QuantMatMul::forward_each`), otherwise one by one. A mixture's experts run
+/// this way, every expert's rows in one barrier.
+pub fn forward_each(jobs: &[(&Linear, &[f32], usize)], outs: &mut [&mut [f32]]) -> Result<()> {
+    let own: Vec<Job<'_>> = jobs
+        .iter()
+        .filter_map(|&(l, x, m)| match &l.kernel {
+            Kernel::Own(w) => Some(Job { w, x, m }),
+            Kernel::Candle(_) => None,
+        })
+        .collect();
+    if own.len() == jobs.len() {
+        QuantMatMul::forward_each(&own, outs);
+        return Ok(());
+    }
+    for (&(l, x, m), out) in jobs.iter().zip(outs.iter_mut()) {
+        out.copy_from_slice(&l.forward(x, m)?);
+    }
+    Ok(())
 }
 
 /// Token embedding table, looked up row by row without dequantizing the whole matrix

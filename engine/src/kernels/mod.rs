@@ -19,7 +19,7 @@ pub(crate) mod quant;
 pub mod rope;
 
 pub use attention::{AttnSpec, attention, attention_batch};
-pub use linear::{Embedding, Linear, forward_many};
+pub use linear::{Embedding, Linear, forward_each, forward_many};
 
 /// The instructions the CPU's quantized kernels run on this machine (`avx2`,
 /// `avx2+avx512-vnni`, `portable`), for benchmarks and logs.
@@ -77,41 +77,45 @@ pub(crate) fn parallel_chunks(out: &mut [f32], chunk: usize, work: usize, f: imp
     });
 }
 
-/// Fill each of `outs` (`[m, n_i]`, row-major) a chunk of `cols` columns at a time, all
-/// in one pool call: `f(i, c, tile)` computes columns `c * cols ..` of output `i` (fewer
-/// in its last chunk: `width` of them) into `tile`, laid out `[row][width]`, whose rows
-/// are then copied into place. Matmul kernels go column by column over a cache-resident
-/// tile, each dot written to its row, and several matrices on the same input share one
-/// barrier.
+/// Fill each of `outs` (`[ms[i], n_i]`, row-major) a chunk of `cols` columns at a time,
+/// all in one pool call: `f(i, c, tile)` computes columns `c * cols ..` of output `i`
+/// (fewer in its last chunk: `width` of them) into `tile`, laid out `[row][width]`, whose
+/// rows are then copied into place. Matmul kernels go column by column over a
+/// cache-resident tile, each dot written to its row, and several matrices (on one input,
+/// or each on rows of its own: a mixture's experts) share one barrier.
 pub(crate) fn parallel_columns_many(
     outs: &mut [&mut [f32]],
-    m: usize,
+    ms: &[usize],
     cols: usize,
     work: usize,
     f: impl Fn(usize, usize, &mut [f32]) + Sync,
 ) {
     /// The chunk width the matmuls use.
     const FIXED: usize = 16;
-    /// An output's base and width, shared by the tasks; each writes only its own columns.
-    struct Out(*mut f32, usize);
+    /// An output's base, width and rows, shared by the tasks; each writes only its own
+    /// columns.
+    struct Out(*mut f32, usize, usize);
     // SAFETY: tasks write disjoint elements (see below), so sharing the pointers is sound.
     unsafe impl Sync for Out {}
+    debug_assert_eq!(outs.len(), ms.len());
     let bases: Vec<Out> = outs
         .iter_mut()
-        .map(|o| {
+        .zip(ms)
+        .map(|(o, &m)| {
             let n = o.len() / m.max(1);
             debug_assert_eq!(n * m, o.len());
-            Out(o.as_mut_ptr(), n)
+            Out(o.as_mut_ptr(), if m == 0 { 0 } else { n }, m)
         })
         .collect();
     // Global chunk index -> (output, its chunk).
     let chunks: Vec<(usize, usize)> =
         bases.iter().enumerate().flat_map(|(i, b)| (0..b.1.div_ceil(cols)).map(move |c| (i, c))).collect();
+    let most = ms.iter().copied().max().unwrap_or(0);
     parallel_for(chunks.len(), work, |range| {
-        let mut tile = vec![0.0f32; cols * m];
+        let mut tile = vec![0.0f32; cols * most];
         for g in range {
             let (i, c) = chunks[g];
-            let Out(base, n) = bases[i];
+            let Out(base, n, m) = bases[i];
             let first = c * cols;
             let width = cols.min(n - first);
             let tile = &mut tile[..width * m];
@@ -136,14 +140,30 @@ pub(crate) fn parallel_columns_many(
     });
 }
 
+thread_local! {
+    /// Whether this thread is running a `parallel_for` as the pool's caller.
+    static CALLING_POOL: Cell<bool> = const { Cell::new(false) };
+}
+
 /// Run `f` over `0..n` items on candle's CPU worker pool (the one its matmuls use, so
 /// our kernels never compete with spinning matmul workers), or inline when the work is
-/// too small to pay for waking the pool.
+/// too small to pay for waking the pool, or when this is a task of a pool call already
+/// (a matmul's task quantizing its activations: the pool's workers run nested calls
+/// inline themselves; the calling thread would wait on its own call).
 pub(crate) fn parallel_for(n: usize, work: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
     const MIN_PARALLEL_WORK: usize = 1 << 16;
-    if n < 2 || work < MIN_PARALLEL_WORK {
+    if n < 2 || work < MIN_PARALLEL_WORK || CALLING_POOL.with(Cell::get) {
         f(0..n);
     } else {
+        /// Clears the flag however the call ends.
+        struct Calling;
+        impl Drop for Calling {
+            fn drop(&mut self) {
+                CALLING_POOL.with(|c| c.set(false));
+            }
+        }
+        CALLING_POOL.with(|c| c.set(true));
+        let _calling = Calling;
         candle_core::utils::barrier_pool().execute_chunked(n, f);
     }
 }
@@ -154,19 +174,25 @@ mod tests {
     /// included, on the pool and inline.
     #[test]
     fn parallel_columns_places_every_column() {
-        for (m, ns, work) in
-            [(3, vec![37, 16, 5], 1 << 20), (1, vec![50], 1 << 20), (5, vec![16, 1], 0), (2, vec![1], 0)]
-        {
-            let mut outs: Vec<Vec<f32>> = ns.iter().map(|n| vec![f32::NAN; m * n]).collect();
+        let cases = [
+            (vec![3, 3, 3], vec![37, 16, 5], 1 << 20),
+            (vec![1], vec![50], 1 << 20),
+            (vec![5, 5], vec![16, 1], 0),
+            (vec![2], vec![1], 0),
+            // Outputs of different row counts (a mixture's experts), one of none.
+            (vec![7, 1, 0, 4], vec![33, 16, 16, 5], 1 << 20),
+        ];
+        for (ms, ns, work) in cases {
+            let mut outs: Vec<Vec<f32>> = ns.iter().zip(&ms).map(|(n, m)| vec![f32::NAN; m * n]).collect();
             let mut views: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
-            super::parallel_columns_many(&mut views, m, 16, work, |i, c, tile| {
-                for (r, row) in tile.chunks_exact_mut(tile.len() / m).enumerate() {
+            super::parallel_columns_many(&mut views, &ms, 16, work, |i, c, tile| {
+                for (r, row) in tile.chunks_exact_mut(tile.len() / ms[i]).enumerate() {
                     for (j, v) in row.iter_mut().enumerate() {
                         *v = (i * 1_000_000 + (c * 16 + j) * 1000 + r) as f32;
                     }
                 }
             });
-            for (i, (out, &n)) in outs.iter().zip(&ns).enumerate() {
+            for (i, ((out, &n), &m)) in outs.iter().zip(&ns).zip(&ms).enumerate() {
                 for r in 0..m {
                     for col in 0..n {
                         let want = (i * 1_000_000 + col * 1000 + r) as f32;

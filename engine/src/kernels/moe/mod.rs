@@ -13,12 +13,14 @@
 //!
 //! The router's matmul is ggml's f32 one for a 16-multiple width (tinyBLAS: 16 FMA lanes,
 //! then GCC's 512-bit reduction). The experts run as matrices of their own, each over the
-//! rows routed to it: ggml's `mul_mat_id` quantizes each activation row as a dense matmul
+//! rows routed to it, all of a layer's experts in one pool call for gate and up and one
+//! for down (the rows stacked by expert: `plan`): ggml's `mul_mat_id` quantizes each activation row as a dense matmul
 //! does and takes the one-row kernel of the format (vec-dot, or the repacked gemv for
 //! Q4_K), which is what every row of `Linear` computes under the default numerics — so a
 //! row's result does not depend on the rows it is batched with, nor on which of them
 //! share its experts.
 
+mod plan;
 mod route;
 mod shared;
 
@@ -31,8 +33,9 @@ use crate::config::{MoeConfig, MoeKind};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 use crate::kernels::ops;
-use crate::kernels::{Linear, forward_many};
+use crate::kernels::{Linear, forward_each, parallel_for};
 use candle_core::quantized::GgmlDType;
+use plan::Plan;
 
 /// One layer's router and experts. The experts stay in the file's mapping until a token
 /// is first routed to one; then its three matrices are read into the kernels' layout
@@ -169,48 +172,59 @@ impl Experts {
         }
     }
 
-    /// Expert `e`'s MLP over its rows `xe` (`[rows][hidden]`): `[rows][hidden]`.
-    fn mlp(&self, e: usize, xe: &[f32], rows: usize) -> Result<Vec<f32>> {
-        let [w_gate, w_up, w_down] = self.expert(e)?;
-        let [mut gate, mut up] = forward_many([w_gate, w_up], xe, rows)?;
-        let Some([bg, bu, bd]) = &self.biases else {
-            ops::silu_mul(&mut gate, &up);
-            return w_down.forward(&gate, rows);
-        };
-        let (w, h) = (w_gate.out_dim(), self.hidden);
-        add_row(&mut gate, &bg[e * w..][..w]);
-        add_row(&mut up, &bu[e * w..][..w]);
-        ops::swiglu_oai(&mut gate, &up);
-        let mut down = w_down.forward(&gate, rows)?;
-        add_row(&mut down, &bd[e * h..][..h]);
-        Ok(down)
+    /// Every row's route (`route`), the rows spread over the pool.
+    fn routes(&self, x: &[f32]) -> Vec<Vec<(usize, f32)>> {
+        let h = self.hidden;
+        let slots: Vec<OnceLock<Vec<(usize, f32)>>> = x.chunks_exact(h).map(|_| OnceLock::new()).collect();
+        parallel_for(slots.len(), x.len() * self.loaded.len(), |rows| {
+            for r in rows {
+                let _ = slots[r].set(self.route(&x[r * h..][..h]));
+            }
+        });
+        slots.into_iter().map(|s| s.into_inner().expect("every row routed")).collect()
     }
 
-    /// The layer's output for the normed rows `x` (`[T][hidden]`).
+    /// The layer's output for the normed rows `x` (`[T][hidden]`). The rows are stacked
+    /// by expert (`plan`); every chosen expert's gate and up matrices then go to the pool
+    /// in one call, and its down matrices in another.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         let h = self.hidden;
-        let t = x.len() / h;
-        let routes: Vec<Vec<(usize, f32)>> = x.chunks_exact(h).map(|row| self.route(row)).collect();
-        // Each expert's rows: (stacked row, its slot in that row's route).
-        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.loaded.len()];
-        for (r, route) in routes.iter().enumerate() {
-            for (slot, &(e, _)) in route.iter().enumerate() {
-                by_expert[e].push((r, slot));
+        let routes = self.routes(x);
+        let chosen: Vec<Vec<usize>> = routes.iter().map(|r| r.iter().map(|&(e, _)| e).collect()).collect();
+        let plan = Plan::new(&chosen, self.loaded.len(), self.used);
+        let mats = plan.groups.iter().map(|&(e, _)| self.expert(e)).collect::<Result<Vec<_>>>()?;
+        let xs: Vec<f32> = plan.order.iter().flat_map(|&r| &x[r * h..][..h]).copied().collect();
+        let w = self.stacks[0].out_dim;
+        let n = plan.order.len();
+        let (mut gate, mut up) = (vec![0.0f32; n * w], vec![0.0f32; n * w]);
+        let mut jobs = Vec::with_capacity(2 * mats.len());
+        let mut outs = Vec::with_capacity(2 * mats.len());
+        for ((((_, rows), [wg, wu, _]), g), u) in
+            plan.groups.iter().zip(&mats).zip(plan.split(&mut gate, w)).zip(plan.split(&mut up, w))
+        {
+            let xe = &xs[rows.start * h..rows.end * h];
+            jobs.extend([(wg, xe, rows.len()), (wu, xe, rows.len())]);
+            outs.extend([g, u]);
+        }
+        forward_each(&jobs, &mut outs)?;
+        self.activate(&plan, &mut gate, &mut up, w);
+        let mut down = vec![0.0f32; n * h];
+        let jobs: Vec<_> = plan
+            .groups
+            .iter()
+            .zip(&mats)
+            .map(|((_, rows), [_, _, wd])| (wd, &gate[rows.start * w..rows.end * w], rows.len()))
+            .collect();
+        forward_each(&jobs, &mut plan.split(&mut down, h))?;
+        if let Some([_, _, bd]) = &self.biases {
+            for ((e, _), d) in plan.groups.iter().zip(plan.split(&mut down, h)) {
+                add_row(d, &bd[e * h..][..h]);
             }
         }
-        // `[row][slot][hidden]`: every chosen expert's output for every row.
-        let mut outs = vec![0.0f32; t * self.used * h];
-        for (e, rows) in by_expert.iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
-            let xe: Vec<f32> = rows.iter().flat_map(|&(r, _)| &x[r * h..(r + 1) * h]).copied().collect();
-            let down = self.mlp(e, &xe, rows.len())?;
-            for (d, &(r, slot)) in down.chunks_exact(h).zip(rows) {
-                outs[(r * self.used + slot) * h..][..h].copy_from_slice(d);
-            }
-        }
-        let mut y = vec![0.0f32; t * h];
+        let mut y = vec![0.0f32; x.len()];
         for (r, (yr, route)) in y.chunks_exact_mut(h).zip(&routes).enumerate() {
             for (slot, &(_, w)) in route.iter().enumerate() {
-                let d = &outs[(r * self.used + slot) * h..][..h];
+                let d = &down[plan.at[r * self.used + slot] * h..][..h];
                 if slot == 0 {
                     yr.iter_mut().zip(d).for_each(|(y, &d)| *y = d * w);
                 } else {
@@ -222,6 +236,28 @@ impl Experts {
             s.add_to(x, &mut y)?;
         }
         Ok(y)
+    }
+
+    /// The experts' activation of the stacked gate and up outputs (`[rows][width]`), into
+    /// `gate`: SwiGLU, or gpt-oss's biases then SwiGLU-OAI. Both go value by value, so
+    /// one call over every expert's rows computes what a call per expert would (SwiGLU's
+    /// 16-lane tails permitting: a width not a multiple of 16 goes expert by expert).
+    fn activate(&self, plan: &Plan, gate: &mut [f32], up: &mut [f32], w: usize) {
+        let Some([bg, bu, _]) = &self.biases else {
+            if w.is_multiple_of(16) {
+                ops::silu_mul(gate, up);
+            } else {
+                for ((_, rows), g) in plan.groups.iter().zip(plan.split(gate, w)) {
+                    ops::silu_mul(g, &up[rows.start * w..rows.end * w]);
+                }
+            }
+            return;
+        };
+        for (((e, _), g), u) in plan.groups.iter().zip(plan.split(gate, w)).zip(plan.split(up, w)) {
+            add_row(g, &bg[e * w..][..w]);
+            add_row(u, &bu[e * w..][..w]);
+        }
+        ops::swiglu_oai(gate, up);
     }
 }
 

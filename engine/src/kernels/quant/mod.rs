@@ -30,6 +30,8 @@ mod stream;
 mod testing;
 mod tile;
 
+use std::sync::OnceLock;
+
 use candle_core::quantized::GgmlDType;
 
 use crate::gguf::Stored;
@@ -62,6 +64,13 @@ enum Weights {
     Iq4Nl(Vec<BlockIq4Nl>, Iq4NlPath),
     Iq4Xs(Vec<BlockIq4Xs>),
     Bf16(Vec<BlockBf16>),
+}
+
+/// One matmul of `QuantMatMul::forward_each`: `w` against `x` (`[m, k]`).
+pub(crate) struct Job<'a> {
+    pub(crate) w: &'a QuantMatMul,
+    pub(crate) x: &'a [f32],
+    pub(crate) m: usize,
 }
 
 pub(crate) struct QuantMatMul {
@@ -163,20 +172,48 @@ impl QuantMatMul {
         let mut which_acts = Vec::with_capacity(mats.len());
         for w in mats {
             let want = w.acts_kind(m);
-            let at = match acts.iter().position(|a| a.kind() == want) {
-                Some(at) => at,
-                None => {
-                    acts.push(Acts::quantize(want, x, m));
-                    acts.len() - 1
-                }
-            };
+            let at = acts.iter().position(|a| a.kind() == want).unwrap_or_else(|| {
+                acts.push(Acts::quantize(want, x, m));
+                acts.len() - 1
+            });
             which_acts.push(at);
         }
         let mut outs: Vec<Vec<f32>> = mats.iter().map(|w| vec![0.0f32; m * w.n]).collect();
         let work = mats.iter().map(|w| m * w.n * w.k).sum();
         let mut views: Vec<&mut [f32]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
-        parallel_columns_many(&mut views, m, COLS, work, |i, c, tile| mats[i].chunk(&acts[which_acts[i]], m, c, tile));
+        let ms = vec![m; mats.len()];
+        parallel_columns_many(&mut views, &ms, COLS, work, |i, c, tile| {
+            mats[i].chunk(&acts[which_acts[i]], m, c, tile)
+        });
         outs
+    }
+
+    /// Matrices each against rows of its own (a mixture's experts), in one pool call:
+    /// job `i`'s `[m, n]` product into `outs[i]`. Jobs on the same rows (the same slice)
+    /// share their quantized activations where they take the same format; a row's
+    /// arithmetic is what `forward` of its job alone computes. Each set of activations is
+    /// quantized inside the pool call by the first task that needs it, so quantizing
+    /// one expert's rows overlaps another's matmuls.
+    pub(crate) fn forward_each(jobs: &[Job<'_>], outs: &mut [&mut [f32]]) {
+        // Kernel choices read this thread's numerics: made here, before the pool runs.
+        let mut acts: Vec<(&[f32], usize, ActsKind, OnceLock<Acts>)> = Vec::with_capacity(jobs.len());
+        let mut which_acts = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            debug_assert_eq!(j.x.len(), j.m * j.w.k);
+            let want = j.w.acts_kind(j.m);
+            let same = |(x, _, kind, _): &(&[f32], usize, ActsKind, _)| std::ptr::eq(*x, j.x) && *kind == want;
+            let at = acts.iter().position(same).unwrap_or_else(|| {
+                acts.push((j.x, j.m, want, OnceLock::new()));
+                acts.len() - 1
+            });
+            which_acts.push(at);
+        }
+        let ms: Vec<usize> = jobs.iter().map(|j| j.m).collect();
+        let work = jobs.iter().map(|j| j.m * j.w.n * j.w.k).sum();
+        parallel_columns_many(outs, &ms, COLS, work, |i, c, tile| {
+            let (x, m, kind, a) = &acts[which_acts[i]];
+            jobs[i].w.chunk(a.get_or_init(|| Acts::quantize(*kind, x, *m)), *m, c, tile)
+        });
     }
 
     /// The activation format (and kernel path) this matrix takes for `m` rows.
@@ -458,37 +495,4 @@ fn q8k_rows_for_q4k(x: &[f32], m: usize, grouped: usize) -> Vec<act::ActQ8K> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A matmul of many rows equals each row alone (the one-row decode kernels), bit for
-    /// bit: column chunks with an odd last width, row blocks with a ragged last group,
-    /// tiles and grouped kernels alike.
-    #[test]
-    fn rows_together_equal_rows_alone() {
-        let (k, n) = (8 * QK, 37);
-        let kb = k / QK;
-        let bytes = |per: usize, seed: usize| -> Vec<u8> {
-            let mut b: Vec<u8> = (0..n * kb * per).map(|i| ((i * 2654435761 + seed * 97) >> 7) as u8).collect();
-            for blk in b.chunks_exact_mut(per) {
-                for h in 0..if per == 20 { 2 } else { 1 } {
-                    let v = half::f16::from_f32(0.01 + blk[2 * h] as f32 / 4096.0);
-                    blk[2 * h..2 * h + 2].copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            b
-        };
-        for (dtype, per) in [(GgmlDType::Q4_1, 20), (GgmlDType::Q5_0, 22), (GgmlDType::Q8_0, 34)] {
-            let w = QuantMatMul::from_bytes("w", Stored::Ggml(dtype), &bytes(per, per), k, n).unwrap();
-            for m in [4, 7, 53, 106] {
-                let x: Vec<f32> = (0..m * k).map(|i| (((i * 37 + i / k * 11) % 251) as f32 - 125.0) / 29.0).collect();
-                let got = w.forward(&x, m);
-                for r in 0..m {
-                    let want = w.forward(&x[r * k..(r + 1) * k], 1);
-                    let same = want.iter().zip(&got[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{dtype:?} m={m} row {r}");
-                }
-            }
-        }
-    }
-}
+mod tests;
