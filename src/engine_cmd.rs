@@ -13,6 +13,7 @@ use clap::builder::BoolishValueParser;
 use corral_engine::backend::DeviceChoice;
 use corral_engine::cache::{CacheConfig, SsdConfig};
 use corral_engine::server::{ServeError, ServerConfig, ServerDefaults};
+use corral_engine::speculate::Speculate;
 use corral_engine::{Engine, threads};
 use corral_protocol::ModelId;
 use corral_protocol::launch::{CacheFlags, EXIT_CONFIG, SamplingFlags, flag};
@@ -103,6 +104,11 @@ pub struct GenDefaultsArgs {
     pub chat_template: Option<PathBuf>,
     #[arg(long = flag::GRAMMAR, value_name = "on|off", default_value = "on", env = "CORRAL_GRAMMAR", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub grammar: bool,
+    /// Speculative decoding for requests that do not say (their `speculate` field):
+    /// `ngram` drafts tokens from the request's own prompt and output and verifies them
+    /// several a pass — the same tokens, fewer passes (docs/speculation.md).
+    #[arg(long = flag::SPECULATE, value_name = "off|ngram", default_value = "off", env = "CORRAL_SPECULATE")]
+    pub speculate: Speculate,
 }
 
 /// A float flag bounded to `[lo, hi]`; the error names the range.
@@ -135,6 +141,7 @@ impl GenDefaultsArgs {
             max_tokens: self.max_tokens,
             grammar_off: !self.grammar,
             thinking: self.thinking,
+            speculate: self.speculate,
         }
     }
 
@@ -148,6 +155,7 @@ impl GenDefaultsArgs {
             max_tokens: self.max_tokens,
             grammar: (!self.grammar).then_some(false),
             thinking: self.thinking,
+            speculate: (self.speculate != Speculate::Off).then(|| self.speculate.as_str().to_owned()),
             // Engines may not share the gateway's working directory.
             chat_template: self.chat_template.as_ref().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())),
         }
@@ -316,6 +324,7 @@ mod tests {
                     max_tokens: Some(100),
                     grammar: Some(false),
                     thinking: Some(true),
+                    speculate: Some("ngram".into()),
                     chat_template: Some("/t/chat.jinja".into()),
                 },
                 cache: CacheFlags {

@@ -56,6 +56,10 @@ pub struct RunArgs {
     /// Compute device: auto (a usable NVIDIA GPU, else the CPU), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto", env = "CORRAL_DEVICE")]
     device: corral_engine::backend::DeviceChoice,
+    /// Speculative decoding: `ngram` drafts from the prompt and output and verifies
+    /// several tokens a pass (the same tokens; docs/speculation.md).
+    #[arg(long, value_name = "off|ngram", default_value = "off", env = "CORRAL_SPECULATE")]
+    speculate: corral_engine::speculate::Speculate,
     /// Models directory for ids.
     #[arg(long, env = "CORRAL_MODELS_DIR")]
     models_dir: Option<std::path::PathBuf>,
@@ -110,6 +114,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         ignore_eos: false,
         logprobs: None,
         grammar: None,
+        speculate: args.speculate,
     };
     let mut cache = engine.model.new_cache();
     let mut out = Stdout(std::io::stdout().lock());
@@ -123,5 +128,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         o.decode_tok_s(),
         o.finish.as_str()
     );
+    if let Some(s) = o.speculation {
+        eprintln!("corral: speculation drafted {} tokens, accepted {}", s.drafted, s.accepted);
+    }
     Ok(())
 }

@@ -5,9 +5,12 @@
 //! With a grammar, every step's logits are masked to what the grammar allows before
 //! sampling (greedy and sampled alike), and a grammar that is complete ends generation.
 
+use std::time::Instant;
+
 use crate::error::Result;
 use crate::kv::SeqCache;
 use crate::model::Model;
+use crate::scheduler::pacing::Pacer;
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 
@@ -39,13 +42,19 @@ pub fn generate(
 }
 
 fn drive(model: &Model, tokenizer: &Tokenizer, seq: &mut Sequence, obs: &mut dyn Observer) -> Result<()> {
+    // Measures what a draft token costs against a decode step (`speculate::policy`).
+    let mut pacer = Pacer::default();
     while !seq.is_done() {
         if seq.prefilling() && !obs.keep_going() {
             seq.cancel(obs);
             break;
         }
-        let mut row = [seq.input(PREFILL_CHUNK)];
+        let decoding = usize::from(!seq.prefilling());
+        let mut row = [seq.input(PREFILL_CHUNK, pacer.token_cost(1))];
+        let tokens = row[0].tokens.len();
+        let started = Instant::now();
         let logits = model.forward_batch(&mut row)?.pop().unwrap_or_default();
+        pacer.observe(decoding, tokens.saturating_sub(decoding), started.elapsed().as_secs_f64());
         seq.advance(logits, tokenizer, obs)?;
     }
     Ok(())

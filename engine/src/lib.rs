@@ -29,6 +29,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
 pub mod server;
+pub mod speculate;
 pub mod stop;
 pub mod threads;
 pub mod tokenizer;

@@ -16,6 +16,7 @@ use crate::grammar::Grammar;
 use crate::kv::SeqCache;
 use crate::model::{Logits, Row};
 use crate::sampler::{Sampler, SamplingParams};
+use crate::speculate::{SpecCounts, Speculate, Speculator};
 use crate::stop::{StopMatcher, StopScan};
 use crate::tokenizer::Tokenizer;
 
@@ -30,6 +31,8 @@ pub struct GenerateParams {
     pub logprobs: Option<usize>,
     /// Constrained decoding: only tokens this grammar allows are sampled.
     pub grammar: Option<Grammar>,
+    /// Draft and verify several tokens a pass (never changes the tokens).
+    pub speculate: Speculate,
 }
 
 /// One generated token as observers see it.
@@ -92,6 +95,8 @@ pub struct Outcome {
     pub stop: Option<String>,
     /// Whether a forward pass of this request also carried other requests.
     pub batched: bool,
+    /// Draft tokens verified and kept, when the request speculated.
+    pub speculation: Option<SpecCounts>,
 }
 
 impl Outcome {
@@ -156,6 +161,9 @@ pub struct Sequence {
     pending: usize,
     /// The token to run next in decode.
     last: Option<u32>,
+    /// Decode's row: the last token, then any draft being verified.
+    feed: Vec<u32>,
+    spec: Option<Speculator>,
     max_tokens: usize,
     out: Outcome,
     sampler: Sampler,
@@ -194,6 +202,9 @@ impl Sequence {
             fed: cached,
             pending: 0,
             last: None,
+            feed: Vec::new(),
+            // A recurrent state cannot be cut back to a rejected draft's position.
+            spec: if cache_has_state { None } else { Speculator::new(params.speculate, prompt) },
             max_tokens: params.max_tokens.min(ctx - prompt.len()),
             out: Outcome {
                 finish: FinishReason::Length,
@@ -205,6 +216,7 @@ impl Sequence {
                 mask: Duration::ZERO,
                 stop: None,
                 batched: false,
+                speculation: None,
             },
             sampler: Sampler::new(params.sampling),
             history: prompt.to_vec(),
@@ -220,10 +232,15 @@ impl Sequence {
         })
     }
 
-    /// Whether to snapshot the recurrent state while reading the prompt (on by default
-    /// for a cache that has one; a hybrid model's fresh sequence has none yet).
+    /// Whether the model keeps a recurrent state (a hybrid): then the state is snapshot
+    /// while reading the prompt (on by default for a cache that has one; a hybrid
+    /// model's fresh sequence has none yet), and the sequence never speculates — its
+    /// state cannot be rolled back past a rejected draft.
     pub fn with_snapshots(mut self, on: bool) -> Self {
         self.snapshots = on;
+        if on {
+            self.spec = None;
+        }
         self
     }
 
@@ -247,9 +264,11 @@ impl Sequence {
     }
 
     /// What to run next: up to `chunk` prompt tokens (logits only for the prompt's last
-    /// one), or the last sampled token. A sequence that snapshots its recurrent state
-    /// ends its chunks where it does (`checkpoint::chunk_end`).
-    pub fn input(&mut self, chunk: usize) -> Row<'_> {
+    /// one), or the last sampled token — followed, when the sequence speculates, by the
+    /// draft worth verifying at `draft_cost` (`speculate::policy`; every position's
+    /// logits). A sequence that snapshots its recurrent state ends its chunks where it
+    /// does (`checkpoint::chunk_end`).
+    pub fn input(&mut self, chunk: usize, draft_cost: f64) -> Row<'_> {
         if self.prefilling() {
             let end = if self.snapshots {
                 checkpoint::chunk_end(self.fed, chunk, self.prompt.len())
@@ -260,16 +279,22 @@ impl Sequence {
             let logits = if end == self.prompt.len() { Logits::Last } else { Logits::None };
             return Row { tokens: &self.prompt[self.fed..end], cache: &mut self.cache, logits };
         }
-        self.pending = 1;
-        let tokens: &[u32] = match &self.last {
-            Some(t) => std::slice::from_ref(t),
-            None => &[],
-        };
-        Row { tokens, cache: &mut self.cache, logits: Logits::Last }
+        self.feed.clear();
+        self.feed.extend(self.last);
+        if let (Some(spec), false) = (self.spec.as_mut(), self.feed.is_empty()) {
+            // Room for the draft and the token sampled after it.
+            let room = self.max_tokens.saturating_sub(self.out.tokens.len() + 1);
+            self.feed.extend_from_slice(spec.plan(draft_cost, room));
+        }
+        self.pending = self.feed.len();
+        let logits = if self.feed.len() > 1 { Logits::All } else { Logits::Last };
+        Row { tokens: &self.feed, cache: &mut self.cache, logits }
     }
 
     /// Take the logits of the pass that ran `input()`. Streams the sampled token to
-    /// `obs`; a `false` from the observer cancels.
+    /// `obs` — with a draft, each position's in turn while they agree with the draft,
+    /// then the KV of the positions after the last kept one is dropped. A `false` from
+    /// the observer cancels.
     pub fn advance(&mut self, mut logits: Vec<f32>, tokenizer: &Tokenizer, obs: &mut dyn Observer) -> Result<()> {
         if self.prefilling() {
             self.fed += self.pending;
@@ -282,6 +307,37 @@ impl Sequence {
             self.out.prefill = self.started.elapsed();
             self.decode_started = Some(Instant::now());
         }
+        let draft = self.spec.as_ref().map_or(&[][..], |s| s.draft()).to_vec();
+        if draft.is_empty() {
+            return self.take(logits, tokenizer, obs);
+        }
+        let positions = draft.len() + 1;
+        let vocab = logits.len() / positions;
+        // Positions whose logits were used: their KV stays.
+        let (mut used, mut accepted) = (0, 0);
+        for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
+            used += 1;
+            let before = self.out.tokens.len();
+            self.take(row.to_vec(), tokenizer, obs)?;
+            let kept = (self.out.tokens.len() > before).then(|| self.out.tokens[before]);
+            if kept.is_some() && kept == draft.get(i).copied() {
+                accepted += 1;
+            }
+            if self.done || kept.is_none() || kept != draft.get(i).copied() {
+                break;
+            }
+        }
+        let len = self.cache.len();
+        self.cache.truncate(len - positions + used);
+        if let Some(s) = self.spec.as_mut() {
+            s.verified(accepted);
+        }
+        Ok(())
+    }
+
+    /// The per-token path every emitted token takes: grammar mask, sampling, end of
+    /// generation, stop strings, logprobs, the observer.
+    fn take(&mut self, mut logits: Vec<f32>, tokenizer: &Tokenizer, obs: &mut dyn Observer) -> Result<()> {
         if self.out.tokens.len() >= self.max_tokens {
             self.finish(FinishReason::Length, obs);
             return Ok(());
@@ -304,6 +360,9 @@ impl Sequence {
         };
         self.out.tokens.push(id);
         self.history.push(id);
+        if let Some(s) = self.spec.as_mut() {
+            s.emitted(id);
+        }
         let text = self.utf8.push(tokenizer.piece(id));
         let (text, stopped) = match self.stops.push(&text) {
             StopScan::Continue(t) => (t, false),
@@ -351,6 +410,7 @@ impl Sequence {
         self.out.decode = self.decode_started.map_or(Duration::ZERO, |s| s.elapsed());
         self.out.mask = self.grammar.as_ref().map_or(Duration::ZERO, |g| g.cost().0);
         self.out.stop = self.stops.matched().map(str::to_owned);
+        self.out.speculation = self.spec.as_ref().map(|s| s.counts);
     }
 
     /// The outcome and the cache (the prompt plus every generated token but the last,

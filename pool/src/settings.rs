@@ -33,6 +33,7 @@ impl ModelSettings {
         b.max_tokens = s.max_tokens.or(b.max_tokens);
         b.grammar = s.grammar.or(b.grammar);
         b.thinking = s.thinking.or(b.thinking);
+        b.speculate = s.speculate.clone().or(b.speculate.take());
         b.chat_template = s.chat_template.clone().or(b.chat_template.take());
         o
     }

@@ -27,6 +27,8 @@ pub struct MessagesRequest {
     pub metadata: Option<Value>,
     /// corral/vLLM extension, as on chat completions.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// corral's: `off` or `ngram`, overriding `--speculate` for this request.
+    pub speculate: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -65,6 +67,9 @@ pub struct Usage {
     /// corral's: `serial` or `batch` (see the OpenAI usage).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lane: Option<String>,
+    /// corral's (see the OpenAI usage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<crate::openai::Speculation>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

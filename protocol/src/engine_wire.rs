@@ -81,6 +81,19 @@ pub struct BatchStats {
     /// KV reserved by the running rows, and what they may reserve together.
     pub kv_bytes: u64,
     pub kv_budget_bytes: u64,
+    /// Speculative decoding since start.
+    pub speculation: SpecStats,
+}
+
+/// Speculative decoding's counters (`docs/speculation.md`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SpecStats {
+    /// Finished requests that speculated.
+    pub requests: u64,
+    /// Draft tokens verified, and those kept.
+    pub drafted: u64,
+    pub accepted: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -42,6 +42,7 @@ pub mod flag {
     pub const MAX_TOKENS: &str = "max-tokens";
     pub const GRAMMAR: &str = "grammar";
     pub const THINKING: &str = "thinking";
+    pub const SPECULATE: &str = "speculate";
     pub const CHAT_TEMPLATE: &str = "chat-template";
     pub const PROMPT_CACHE: &str = "prompt-cache";
     pub const SSD_CACHE: &str = "ssd-cache";
@@ -65,6 +66,8 @@ pub struct SamplingFlags {
     pub grammar: Option<bool>,
     /// `enable_thinking` for requests that do not say.
     pub thinking: Option<bool>,
+    /// Speculative decoding for requests that do not say (`off`, `ngram`).
+    pub speculate: Option<String>,
     /// A Jinja chat template replacing the model's.
     pub chat_template: Option<PathBuf>,
 }
@@ -146,6 +149,7 @@ impl EngineLaunch {
         a.opt(flag::MAX_TOKENS, s.max_tokens);
         a.opt(flag::GRAMMAR, s.grammar.map(|on| if on { "on" } else { "off" }));
         a.opt(flag::THINKING, s.thinking);
+        a.opt(flag::SPECULATE, s.speculate.as_deref());
         if let Some(t) = &s.chat_template {
             a.value(flag::CHAT_TEMPLATE, t.clone());
         }

@@ -32,6 +32,8 @@ pub struct ResponsesRequest {
     pub metadata: Option<Value>,
     pub previous_response_id: Option<String>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// corral's: `off` or `ngram`, overriding `--speculate` for this request.
+    pub speculate: Option<String>,
 }
 
 /// One item of `output` (and of a stored conversation's history).
@@ -76,6 +78,9 @@ pub struct ResponseUsage {
     /// corral's: `serial` or `batch` (see the OpenAI usage).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lane: Option<String>,
+    /// corral's (see the OpenAI usage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<crate::openai::Speculation>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -62,7 +62,14 @@ impl Pacer {
         }
     }
 
-    /// A pass with `decoding` one-token rows and `prompt_tokens` prompt tokens took `secs`.
+    /// What one more token in a pass of `rows` decoding rows costs, over a row's share
+    /// of the pass (`speculate::policy::token_cost`): how deep drafts are verified.
+    pub fn token_cost(&self, rows: usize) -> f64 {
+        crate::speculate::policy::token_cost(rows, self.decode_s, self.token_s)
+    }
+
+    /// A pass with `decoding` rows of one token each (beyond which every token — prompt
+    /// or draft — counts in `prompt_tokens`) took `secs`.
     pub fn observe(&mut self, decoding: usize, prompt_tokens: usize, secs: f64) {
         if prompt_tokens == 0 {
             if decoding > 0 {

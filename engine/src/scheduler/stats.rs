@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use corral_protocol::engine_wire::{Averages, BatchStats, EngineStats, Memory, RequestTiming};
+use corral_protocol::engine_wire::{Averages, BatchStats, EngineStats, Memory, RequestTiming, SpecStats};
 use corral_protocol::histogram::Histogram;
 
 use crate::generate::Outcome;
@@ -44,6 +44,10 @@ pub struct Stats {
     pub batched_steps: AtomicU64,
     /// KV bytes the running rows hold in reserve.
     pub kv_bytes: AtomicU64,
+    /// Requests that speculated, their draft tokens and the kept ones.
+    spec_requests: AtomicU64,
+    spec_drafted: AtomicU64,
+    spec_accepted: AtomicU64,
     timings: Mutex<Timings>,
 }
 
@@ -63,6 +67,9 @@ impl Stats {
             steps: AtomicU64::new(0),
             batched_steps: AtomicU64::new(0),
             kv_bytes: AtomicU64::new(0),
+            spec_requests: AtomicU64::new(0),
+            spec_drafted: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
             timings: Mutex::new(Timings {
                 last: None,
                 avg: Averages::default(),
@@ -76,6 +83,11 @@ impl Stats {
     /// generated one.
     pub fn record(&self, o: &Outcome, ttft: Option<Duration>) {
         self.prompt_tokens_total.fetch_add(o.prompt_tokens as u64, Ordering::Relaxed);
+        if let Some(s) = o.speculation {
+            self.spec_requests.fetch_add(1, Ordering::Relaxed);
+            self.spec_drafted.fetch_add(s.drafted as u64, Ordering::Relaxed);
+            self.spec_accepted.fetch_add(s.accepted as u64, Ordering::Relaxed);
+        }
         let t = RequestTiming {
             prompt_tokens: o.prompt_tokens,
             cached_tokens: o.cached_tokens,
@@ -137,6 +149,11 @@ impl Stats {
                 mode: if batch > 1 { "continuous" } else { "serial" }.into(),
                 kv_bytes: self.kv_bytes.load(Ordering::Relaxed),
                 kv_budget_bytes,
+                speculation: SpecStats {
+                    requests: self.spec_requests.load(Ordering::Relaxed),
+                    drafted: self.spec_drafted.load(Ordering::Relaxed),
+                    accepted: self.spec_accepted.load(Ordering::Relaxed),
+                },
             },
             ctx,
             last: g.last.clone(),

@@ -249,14 +249,15 @@ fn step(cx: &Ctx<'_>, pacer: &mut Pacer, active: &mut [Active]) {
             a.seq.mark_batched();
         }
     }
+    let draft_cost = pacer.token_cost(decoding);
     let result = {
         let mut rows: Vec<Row<'_>> =
-            active.iter_mut().filter(|a| !a.seq.is_done()).map(|a| a.seq.input(chunk)).collect();
+            active.iter_mut().filter(|a| !a.seq.is_done()).map(|a| a.seq.input(chunk, draft_cost)).collect();
         if rows.is_empty() {
             return;
         }
         cx.stats.record_step(rows.len());
-        // Decoding rows carry one token each; the rest are prompt.
+        // Decoding rows carry one token each beyond their drafts; the rest are prompt.
         let prompt_tokens = rows.iter().map(|r| r.tokens.len()).sum::<usize>().saturating_sub(decoding);
         let started = Instant::now();
         let result = cx.engine.model.forward_batch(&mut rows);

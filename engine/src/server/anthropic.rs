@@ -62,6 +62,7 @@ pub fn input(req: &MessagesRequest) -> Result<ChatInput, ApiError> {
         stop: req.stop_sequences.clone().map(StopSpec::Many),
         stream: req.stream,
         stream_options: None,
+        speculate: req.speculate.clone(),
         ..SamplingFields::default()
     };
     Ok(ChatInput {
@@ -251,6 +252,7 @@ fn usage(o: &Outcome) -> Usage {
         cache_read_input_tokens: o.cached_tokens,
         cache_creation_input_tokens: 0,
         lane: Some(o.lane().into()),
+        speculation: super::openai_chat::speculation(o),
     }
 }
 

@@ -44,7 +44,16 @@ impl Meta {
 }
 
 pub fn usage(o: &Outcome) -> Usage {
-    Usage { lane: Some(o.lane().into()), ..Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens) }
+    Usage {
+        lane: Some(o.lane().into()),
+        speculation: speculation(o),
+        ..Usage::new(o.prompt_tokens, o.completion_tokens(), o.cached_tokens)
+    }
+}
+
+/// `usage.speculation` (every API shape's), when the request speculated.
+pub fn speculation(o: &Outcome) -> Option<corral_protocol::openai::Speculation> {
+    o.speculation.map(|c| corral_protocol::openai::Speculation { drafted: c.drafted, accepted: c.accepted })
 }
 
 /// `stop` / `length` / `tool_calls` (a cancelled request has no client to tell).

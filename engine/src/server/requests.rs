@@ -19,6 +19,7 @@ use crate::Engine;
 use crate::generate::GenerateParams;
 use crate::grammar::{Constraint, Grammar};
 use crate::sampler::SamplingParams;
+use crate::speculate::Speculate;
 
 /// Raw completions that omit `max_tokens` (and no `--max-tokens`): a prompt with no
 /// template has no end-of-turn to stop at, so "until the context is full" would be
@@ -39,6 +40,8 @@ pub struct ServerDefaults {
     /// `--thinking`: whether templates that can reason are asked to, when a request
     /// does not say.
     pub thinking: Option<bool>,
+    /// `--speculate`: for requests that do not say.
+    pub speculate: Speculate,
 }
 
 /// The sampling defaults in effect: flags > model file (`general.sampling.*`) > built-in.
@@ -48,6 +51,7 @@ pub struct EffectiveDefaults {
     pub max_tokens: Option<usize>,
     pub grammar: bool,
     pub thinking: Option<bool>,
+    pub speculate: Speculate,
 }
 
 impl EffectiveDefaults {
@@ -64,6 +68,7 @@ impl EffectiveDefaults {
             max_tokens: flags.max_tokens,
             grammar: !flags.grammar_off,
             thinking: flags.thinking,
+            speculate: flags.speculate,
         }
     }
 }
@@ -202,6 +207,10 @@ pub(super) fn finish(
         ignore_eos: f.ignore_eos.unwrap_or(false),
         logprobs: c.logprobs,
         grammar: None,
+        speculate: match &f.speculate {
+            None => d.speculate,
+            Some(s) => s.parse().map_err(|e: String| ApiError::invalid("speculate", e))?,
+        },
     };
     let stream = f.stream.unwrap_or(false);
     let include_usage = f.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);

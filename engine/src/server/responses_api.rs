@@ -56,6 +56,7 @@ pub fn input(req: &ResponsesRequest, history_expanded: bool) -> Result<ChatInput
         temperature: req.temperature,
         top_p: req.top_p,
         stream: req.stream,
+        speculate: req.speculate.clone(),
         ..SamplingFields::default()
     };
     Ok(ChatInput {
@@ -290,6 +291,7 @@ impl ResponsesRender {
                 output_tokens_details: OutputTokensDetails { reasoning_tokens },
                 total_tokens: o.prompt_tokens + o.completion_tokens(),
                 lane: Some(o.lane().into()),
+                speculation: super::openai_chat::speculation(o),
             }),
             incomplete_details: length.then(|| IncompleteDetails { reason: "max_output_tokens".into() }),
             ..self.base.clone()

@@ -56,6 +56,8 @@ pub struct SamplingFields {
     pub repetition_penalty: Option<f64>,
     pub logit_bias: Option<HashMap<String, f64>>,
     pub ignore_eos: Option<bool>,
+    /// corral's: `off` or `ngram`, overriding `--speculate` for this request.
+    pub speculate: Option<String>,
     pub n: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
@@ -151,6 +153,18 @@ pub struct Usage {
     /// pass with other requests).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lane: Option<String>,
+    /// corral's: draft tokens verified and kept, when the request speculated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<Speculation>,
+}
+
+/// `usage.speculation`: draft tokens a request's passes verified, and how many of them
+/// the model's own sampling kept (every kept token is one the request would have
+/// generated anyway).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Speculation {
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl Usage {
@@ -161,6 +175,7 @@ impl Usage {
             total_tokens: prompt + completion,
             prompt_tokens_details: PromptTokensDetails { cached_tokens: cached },
             lane: None,
+            speculation: None,
         }
     }
 }

@@ -25,7 +25,7 @@ use super::ops::{ActFormat, DeviceAct, RopeSpec, ScaledRope};
 use super::rope::RopeTables;
 use super::sinks::SinkTables;
 use super::weights::{DeviceWeights, MatrixBytes};
-use crate::backend::batch::{Row, Spans, split};
+use crate::backend::batch::{Logits, Row, Spans, split};
 use crate::backend::{Backend, DeviceKind, Gate, Rotary};
 use crate::config::{AttnTemperature, MoeConfig};
 use crate::error::{Error, Result};
@@ -59,6 +59,14 @@ pub struct CudaPass {
     capture: Option<CudaSlice<f32>>,
     /// When `begin` was called (the host's queueing time is logged at the end).
     started: std::time::Instant,
+}
+
+/// A speculative verify row (`[last token, draft…]`, every position's logits, at most
+/// `MAX_DRAFT + 1` tokens): its matmuls stay on the GEMV and its attention runs as one
+/// decode row per token, so each position's logits are those of a decode step there.
+/// Prefill's kernels (tiled attention, the GEMM) sum in other orders.
+fn verify_row(r: &Row<'_>) -> bool {
+    r.logits == Logits::All && (2..=crate::speculate::policy::MAX_DRAFT + 1).contains(&r.tokens.len())
 }
 
 impl CudaBackend {
@@ -223,15 +231,16 @@ impl Backend for CudaBackend {
             Some(Step { ids, kv, logits }) => (ids, kv, Some(logits)),
             None => {
                 let tokens: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
+                let per_token: Vec<bool> = rows.iter().map(verify_row).collect();
                 let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
-                let kv = self.gpu.plan_kv(&mut caches, head_dim)?;
+                let kv = self.gpu.plan_kv_with(&mut caches, head_dim, &per_token)?;
                 (self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?, kv, None)
             }
         };
         let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
         let prefill = self.gpu.prefill();
-        for &(at, n, _) in spans.each() {
-            let gemm = n >= gemm_min_rows() && prefill != Prefill::Gemv;
+        for (&(at, n, _), row) in spans.each().iter().zip(rows.iter()) {
+            let gemm = n >= gemm_min_rows() && prefill != Prefill::Gemv && !verify_row(row);
             // cuBLAS picks its algorithm by shape: one call per sequence's chunk, so a
             // row's sums do not depend on the other sequences of the pass.
             let joins = !gemm || prefill == Prefill::Mmq;

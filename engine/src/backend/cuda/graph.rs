@@ -119,7 +119,7 @@ impl Gpu {
         let spans = Spans::of(rows);
         let ids: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
         let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, 1)).collect();
-        let plan = self.plan_host(&mut caches, None)?;
+        let plan = self.plan_host(&mut caches, None, &[])?;
         drop(caches);
         let key = (n, plan.long());
         let slot = lock().slots.remove(&key);

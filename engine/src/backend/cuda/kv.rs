@@ -178,8 +178,15 @@ impl Gpu {
 
     /// Sync every row's mirror and lay out the pass: `rows` are `(cache, new tokens)`;
     /// `head_dim` sizes the query tiles of rows with several tokens (`None`: decode rows
-    /// only, one token each).
-    pub(crate) fn plan_host(&self, rows: &mut [(&mut SeqCache, usize)], head_dim: Option<usize>) -> Result<PlanHost> {
+    /// only, one token each). A row marked in `per_token` has each of its tokens
+    /// attended as a decode row at its own position (a speculative verify row: then each
+    /// position's attention is a decode step's, bit for bit).
+    pub(crate) fn plan_host(
+        &self,
+        rows: &mut [(&mut SeqCache, usize)],
+        head_dim: Option<usize>,
+        per_token: &[bool],
+    ) -> Result<PlanHost> {
         let shape = rows.first().map(|r| r.0.shape()).ok_or_else(|| cuda("plan KV", "no rows".into()))?;
         let mut h = PlanHost { n_layers: shape.n_layers, kv_dim: shape.kv_dim, ..PlanHost::default() };
         for (i, (cache, n)) in rows.iter_mut().enumerate() {
@@ -188,8 +195,8 @@ impl Gpu {
             h.bases.push(ptr);
             h.caps.push(i32::try_from(cap).map_err(|e| cuda("plan KV", e.to_string()))?);
             let t0 = h.tok_row.len();
-            if *n == 1 {
-                h.singles.push(t0 as i32);
+            if *n == 1 || per_token.get(i).copied().unwrap_or(false) {
+                h.singles.extend((t0..t0 + *n).map(|t| t as i32));
             } else if *n > 1 {
                 let qt = head_dim
                     .map(|hd| self.prefill_kernel(hd).queries)
@@ -212,8 +219,19 @@ impl Gpu {
     }
 
     /// `plan_host`, uploaded into new buffers.
+    #[cfg(test)]
     pub(crate) fn plan_kv(&self, rows: &mut [(&mut SeqCache, usize)], head_dim: usize) -> Result<KvPlan> {
-        let h = self.plan_host(rows, Some(head_dim))?;
+        self.plan_kv_with(rows, head_dim, &[])
+    }
+
+    /// `plan_kv` with rows attended token by token (`plan_host`'s `per_token`).
+    pub(crate) fn plan_kv_with(
+        &self,
+        rows: &mut [(&mut SeqCache, usize)],
+        head_dim: usize,
+        per_token: &[bool],
+    ) -> Result<KvPlan> {
+        let h = self.plan_host(rows, Some(head_dim), per_token)?;
         self.upload_plan(&h)
     }
 

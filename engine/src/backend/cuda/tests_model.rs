@@ -311,3 +311,49 @@ fn cuda_graph_steps_equal_eager() {
         println!("{}: {} decode steps from CUDA graphs = eager, bit for bit", path.display(), eager.len());
     }
 }
+
+/// Speculative decoding's property on the GPU: a verify row (`[last token, draft…]`,
+/// every position's logits) gives at each position the logits of a decode step there,
+/// bit for bit — alone, and beside a prefill row and a decode row in one pass.
+#[test]
+fn cuda_verify_rows_equal_decode_steps() {
+    if gpu().is_none() {
+        return;
+    }
+    for path in models() {
+        let (_, _, gpu) = load(&path);
+        let vocab = gpu.config().vocab;
+        let prompt = tokens(900, 37, vocab);
+        // Decode steps: the logits after the prompt, then after each greedy token.
+        let mut c = gpu.new_cache();
+        let mut logits = gpu.forward(&prompt, &mut c, Logits::Last).expect("prefill");
+        let (mut toks, mut want) = (Vec::new(), Vec::new());
+        for _ in 0..10 {
+            toks.push(argmax(&logits));
+            want.push(logits);
+            logits = gpu.forward(&toks[toks.len() - 1..], &mut c, Logits::Last).expect("decode");
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for company in [false, true] {
+            let mut c = gpu.new_cache();
+            gpu.forward(&prompt[..prompt.len() - 1], &mut c, Logits::None).expect("prefill");
+            let mut row = vec![prompt[prompt.len() - 1]];
+            row.extend_from_slice(&toks[..9]);
+            let (other_p, other_d) = (tokens(901, 45, vocab), tokens(902, 20, vocab));
+            let (mut cp, mut cd) = (gpu.new_cache(), gpu.new_cache());
+            gpu.forward(&other_d[..19], &mut cd, Logits::None).expect("prefill");
+            let got = {
+                let mut rows = vec![Row { tokens: &row, cache: &mut c, logits: Logits::All }];
+                if company {
+                    rows.push(Row { tokens: &other_p, cache: &mut cp, logits: Logits::Last });
+                    rows.push(Row { tokens: &other_d[19..], cache: &mut cd, logits: Logits::Last });
+                }
+                gpu.forward_batch(&mut rows).expect("verify").swap_remove(0)
+            };
+            for (i, (g, w)) in got.chunks_exact(vocab).zip(&want).enumerate() {
+                assert!(bits(g) == bits(w), "{}: position {i} (company {company}) differs", path.display());
+            }
+        }
+        println!("{}: verify rows = decode steps on the GPU, bit for bit", path.display());
+    }
+}

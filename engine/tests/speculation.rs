@@ -1,0 +1,254 @@
+//! Speculative decoding stands on one property: a row of several tokens (`[last token,
+//! draft…]`, every position's logits) gives at each position exactly the logits that
+//! one-token decode steps give there — and again when it shares its pass with other
+//! rows. Then verifying a draft and keeping its agreeing prefix is decode, bit for bit.
+//! On top of that, `generate` with `speculate: ngram` must give the same tokens as
+//! without, greedy and seeded-sampled, on edit-style and free prompts, alone and eight
+//! sequences batched.
+
+mod common;
+
+use common::*;
+use corral_engine::gguf::Gguf;
+use corral_engine::kv::SeqCache;
+use corral_engine::model::{Logits, Model, Row};
+
+fn load(file: &str) -> Model {
+    Model::load(&Gguf::open(&model_path(file)).unwrap()).unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Decode `n` greedy tokens one step at a time from `prompt`; returns the tokens and
+/// each step's logits (the first from the prompt's last position).
+fn decode_steps(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut c = model.new_cache();
+    let mut logits = model.forward(prompt, &mut c, Logits::Last).unwrap();
+    let (mut toks, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let id = argmax(&logits);
+        all.push(logits);
+        toks.push(id);
+        logits = model.forward(&[id], &mut c, Logits::Last).unwrap();
+    }
+    all.push(logits);
+    (toks, all)
+}
+
+fn verify_rows_equal_decode_steps(file: &str, fixture_name: &str) {
+    let model = load(file);
+    let f = fixture(fixture_name);
+    let prompts: Vec<Vec<u32>> =
+        f["greedy"].as_array().unwrap().iter().take(3).map(|g| ids(&g["prompt_ids"])).collect();
+    let n = 9;
+    let steps: Vec<_> = prompts.iter().map(|p| decode_steps(&model, p, n)).collect();
+    // Alone: prompt minus its last token cached, then [last prompt token, t1..t8] as one row.
+    for (p, (toks, want)) in prompts.iter().zip(&steps) {
+        let mut c = model.new_cache();
+        model.forward(&p[..p.len() - 1], &mut c, Logits::None).unwrap();
+        let mut row = vec![p[p.len() - 1]];
+        row.extend_from_slice(&toks[..n - 1]);
+        let got = model.forward(&row, &mut c, Logits::All).unwrap();
+        let vocab = got.len() / row.len();
+        for (i, w) in want.iter().take(n).enumerate() {
+            assert!(bits(&got[i * vocab..(i + 1) * vocab]) == bits(w), "{file}: position {i} differs from decode");
+        }
+        // Rolled back to the first two positions, then decoded on: the same as never drafting.
+        c.truncate(p.len() + 1);
+        let next = model.forward(&[toks[1]], &mut c, Logits::Last).unwrap();
+        assert!(bits(&next) == bits(&want[2]), "{file}: after a rollback the next step differs");
+    }
+    // Batched: the verify rows of three sequences at different lengths beside a decode row.
+    let mut caches: Vec<SeqCache> = Vec::new();
+    let mut feeds: Vec<Vec<u32>> = Vec::new();
+    for (i, (p, (toks, _))) in prompts.iter().zip(&steps).enumerate() {
+        let mut c = model.new_cache();
+        let start = i + 1;
+        let mut hist = p.clone();
+        hist.extend_from_slice(&toks[..start - 1]);
+        model.forward(&hist, &mut c, Logits::None).unwrap();
+        caches.push(c);
+        feeds.push(toks[start - 1..start + 2 + i].to_vec());
+    }
+    let got = {
+        let mut rows: Vec<Row<'_>> = caches
+            .iter_mut()
+            .zip(&feeds)
+            .enumerate()
+            .map(|(i, (cache, t))| Row { tokens: t, cache, logits: if i == 0 { Logits::Last } else { Logits::All } })
+            .collect();
+        // Row 0 as a plain decode step: one token.
+        rows[0].tokens = &feeds[0][..1];
+        model.forward_batch(&mut rows).unwrap()
+    };
+    for (i, (g, (_, want))) in got.iter().zip(&steps).enumerate() {
+        let start = i + 1;
+        let vocab = want[0].len();
+        for (j, w) in want[start..start + g.len() / vocab].iter().enumerate() {
+            assert!(bits(&g[j * vocab..(j + 1) * vocab]) == bits(w), "{file}: batched row {i} position {j}");
+        }
+    }
+}
+
+#[test]
+fn smollm2_verify_rows_equal_decode_steps() {
+    verify_rows_equal_decode_steps(SMOLLM, "oracle-smollm2.json");
+}
+
+#[test]
+fn gemma3_verify_rows_equal_decode_steps() {
+    verify_rows_equal_decode_steps(GEMMA, "oracle-gemma3.json");
+}
+
+use corral_engine::Engine;
+use corral_engine::backend::DeviceChoice;
+use corral_engine::chat::ChatMessage;
+use corral_engine::generate::{GenerateParams, Observer, TokenOut, generate};
+use corral_engine::sampler::SamplingParams;
+use corral_engine::sequence::{Outcome, Sequence};
+use corral_engine::speculate::Speculate;
+
+/// A source file and an instruction to rewrite it with one change: most of the answer
+/// is in the prompt.
+const SOURCE: &str = r#"use std::collections::HashMap;
+
+/// Counts words in a text, case-insensitively.
+pub fn word_counts(text: &str) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for word in text.split_whitespace() {
+        let word = word.trim_matches(|c: char| !c.is_alphanumeric()).to_lowercase();
+        if word.is_empty() {
+            continue;
+        }
+        *counts.entry(word).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The `n` most frequent words, most frequent first.
+pub fn top_words(counts: &HashMap<String, usize>, n: usize) -> Vec<(String, usize)> {
+    let mut all: Vec<(String, usize)> = counts.iter().map(|(w, c)| (w.clone(), *c)).collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    all.truncate(n);
+    all
+}
+"#;
+
+fn prompts(engine: &Engine) -> Vec<(Vec<u32>, usize)> {
+    let chat = |text: &str| engine.chat_prompt(&[ChatMessage::new("user", text)]).unwrap();
+    vec![
+        (
+            chat(&format!(
+                "Here is a Rust file:\n\n{SOURCE}\nRewrite it with one change: rename `top_words` to `most_frequent`. Output the whole file."
+            )),
+            96,
+        ),
+        (chat(&format!("{SOURCE}\nAdd a doc comment example to `word_counts` and repeat the whole file.")), 64),
+        (chat("Write a short story about a lighthouse keeper who finds a message in a bottle."), 48),
+        (chat("What are three benefits of regular exercise?"), 40),
+    ]
+}
+
+#[derive(Default)]
+struct Collect(Vec<(u32, String, Option<u32>)>);
+
+impl Observer for Collect {
+    fn on_token(&mut self, t: &TokenOut) -> bool {
+        self.0.push((t.id, t.text.clone(), t.logprob.map(f32::to_bits)));
+        true
+    }
+}
+
+fn params(max_tokens: usize, seed: Option<u64>, speculate: Speculate) -> GenerateParams {
+    let sampling = match seed {
+        None => SamplingParams::greedy(),
+        Some(s) => SamplingParams { temperature: 0.9, seed: Some(s), ..SamplingParams::default() },
+    };
+    GenerateParams {
+        max_tokens,
+        sampling,
+        stop: vec!["\n\n\n".into()],
+        ignore_eos: false,
+        logprobs: Some(2),
+        grammar: None,
+        speculate,
+    }
+}
+
+fn alone(engine: &Engine, prompt: &[u32], p: GenerateParams) -> (Collect, Outcome) {
+    let mut cache = engine.model.new_cache();
+    let mut c = Collect::default();
+    let o = generate(&engine.model, &engine.tokenizer, &mut cache, prompt, p, 4096, &mut c).unwrap();
+    assert_eq!(
+        cache.len(),
+        prompt.len() + o.tokens.len()
+            - usize::from(o.finish != corral_engine::generate::FinishReason::Stop || o.stop.is_some()),
+        "the cache holds what was computed, no rejected draft"
+    );
+    (c, o)
+}
+
+/// Eight sequences in one batch, as the scheduler runs them, drafts verified at a
+/// token cost low enough that every match is drafted.
+fn batched(engine: &Engine, jobs: &[(Vec<u32>, GenerateParams)]) -> Vec<(Collect, Outcome)> {
+    let mut seqs: Vec<Sequence> =
+        jobs.iter().map(|(p, g)| Sequence::new(engine.model.new_cache(), p, g.clone(), 4096).unwrap()).collect();
+    let mut obs: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
+    while seqs.iter().any(|s| !s.is_done()) {
+        let logits = {
+            let mut rows: Vec<_> = seqs.iter_mut().filter(|s| !s.is_done()).map(|s| s.input(64, 0.05)).collect();
+            engine.model.forward_batch(&mut rows).unwrap()
+        };
+        let live = seqs.iter_mut().zip(obs.iter_mut()).filter(|(s, _)| !s.is_done());
+        for ((s, o), l) in live.zip(logits) {
+            s.advance(l, &engine.tokenizer, o).unwrap();
+        }
+    }
+    seqs.into_iter().zip(obs).map(|(s, o)| (o, s.into_parts().0)).collect()
+}
+
+fn same_tokens_with_speculation(file: &str) {
+    let engine = Engine::load_with(&model_path(file), None, DeviceChoice::Cpu).unwrap();
+    let ps = prompts(&engine);
+    let mut jobs = Vec::new();
+    for (i, (prompt, n)) in ps.iter().enumerate() {
+        for seed in [None, Some(11 + i as u64)] {
+            let (want, _) = alone(&engine, prompt, params(*n, seed, Speculate::Off));
+            let (got, o) = alone(&engine, prompt, params(*n, seed, Speculate::Ngram));
+            assert!(want.0 == got.0, "{file} prompt {i} seed {seed:?}: speculation changed the tokens");
+            let s = o.speculation.expect("counted");
+            assert!(s.accepted <= s.drafted);
+            eprintln!(
+                "{file} prompt {i} seed {seed:?}: {} tokens, drafted {} accepted {}",
+                o.tokens.len(),
+                s.drafted,
+                s.accepted
+            );
+            if i < 2 && seed.is_none() {
+                assert!(s.accepted > 0, "{file} prompt {i}: an edit accepts drafts");
+            }
+            jobs.push((prompt.clone(), params(*n, seed, Speculate::Ngram), want));
+        }
+    }
+    let run: Vec<(Vec<u32>, GenerateParams)> = jobs.iter().map(|(p, g, _)| (p.clone(), g.clone())).collect();
+    assert_eq!(run.len(), 8);
+    let got = batched(&engine, &run);
+    let mut accepted = 0;
+    for (i, ((c, o), (_, _, want))) in got.iter().zip(&jobs).enumerate() {
+        assert!(c.0 == want.0, "{file} batched job {i}: speculation changed the tokens");
+        accepted += o.speculation.unwrap().accepted;
+    }
+    assert!(accepted > 0, "{file}: the batch verified drafts");
+}
+
+#[test]
+fn smollm2_speculation_keeps_every_token() {
+    same_tokens_with_speculation(SMOLLM);
+}
+
+#[test]
+fn gemma3_speculation_keeps_every_token() {
+    same_tokens_with_speculation(GEMMA);
+}
