@@ -259,13 +259,15 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// Why this model cannot run on the GPU: a family with no CUDA path. `--device auto`
-    /// keeps it on the CPU with a log line; an explicit `--device cuda:N` is an error.
+    /// Why `--device auto` keeps this model off the GPU (with a log line): a family whose
+    /// CUDA path has not yet been proven on a GPU. An explicit `--device cuda:N` still runs
+    /// it there (how its GPU tests load it).
     pub fn no_gpu_path(&self) -> Option<String> {
         match self.arch {
-            Arch::Qwen35 | Arch::Qwen35Moe => {
-                Some(format!("{} has no CUDA path yet (Gated DeltaNet layers)", self.arch.name()))
-            }
+            Arch::Qwen35 | Arch::Qwen35Moe => Some(format!(
+                "{}'s CUDA path (Gated DeltaNet layers) is not yet proven on a GPU: --device cuda:N runs it",
+                self.arch.name()
+            )),
             _ => None,
         }
     }
@@ -457,9 +459,9 @@ mod tests {
             assert_eq!(cfg(a, yarn, t).no_gpu_path(), None, "{a:?}: scaled rope and temperature run on the GPU");
         }
         let why = cfg(Arch::Qwen35, none, None).no_gpu_path().unwrap_or_default();
-        assert!(why.starts_with("qwen35 has no CUDA path yet"), "{why}");
+        assert!(why.starts_with("qwen35's CUDA path"), "{why}");
         let why = cfg(Arch::Qwen35Moe, none, None).no_gpu_path().unwrap_or_default();
-        assert!(why.starts_with("qwen35moe has no CUDA path yet"), "{why}");
+        assert!(why.starts_with("qwen35moe's CUDA path"), "{why}");
     }
 
     #[test]

@@ -142,6 +142,27 @@ impl SeqCache {
         (state.shape() == shape).then_some(state)
     }
 
+    /// Give a sequence with no positions its first recurrent state (zeros), as
+    /// `recurrent_mut` would, without touching a state it has. Returns whether the
+    /// sequence has a state of `shape` now (false: positions but no state, which a hybrid
+    /// model cannot continue).
+    pub(crate) fn ensure_recurrent(&mut self, shape: RecurrentShape) -> bool {
+        if self.recurrent.is_none() && self.len == 0 {
+            self.recurrent = Some(Arc::new(RecurrentState::new(shape)));
+        }
+        self.recurrent.as_ref().is_some_and(|r| r.shape() == shape)
+    }
+
+    /// The current recurrent state, if any.
+    pub(crate) fn recurrent(&self) -> Option<&RecurrentState> {
+        self.recurrent.as_deref()
+    }
+
+    /// The current recurrent state to overwrite (copied first if shared), if any.
+    pub(crate) fn recurrent_write(&mut self) -> Option<&mut RecurrentState> {
+        self.recurrent.as_mut().map(Arc::make_mut)
+    }
+
     /// Forget everything (a hybrid model's pass that failed after writing its state).
     pub(crate) fn clear(&mut self) {
         self.truncate(0);

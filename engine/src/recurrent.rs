@@ -8,6 +8,8 @@
 //! the newest snapshot at or below the cut. Sharing is by `Arc` (forks and snapshots share
 //! a state; the first pass that writes copies it).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// Floats per recurrent layer: the convolution's state and the delta rule's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RecurrentShape {
@@ -28,16 +30,41 @@ impl RecurrentShape {
 }
 
 /// One sequence's recurrent state, all layers; zeros before the first token.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Its `stamp` names these exact values: every state made, cloned or written through
+/// `layer_mut` / `parts_mut` gets a new one, so a backend's device copy (the CUDA
+/// backend's, beside its KV mirror) is current exactly when it was last synced with a
+/// state of the same stamp. Equality ignores it.
+#[derive(Debug)]
 pub struct RecurrentState {
     shape: RecurrentShape,
     conv: Vec<f32>,
     ssm: Vec<f32>,
+    stamp: u64,
+}
+
+/// The next `RecurrentState::stamp` (never reused in a process).
+fn next_stamp() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Clone for RecurrentState {
+    fn clone(&self) -> Self {
+        Self { shape: self.shape, conv: self.conv.clone(), ssm: self.ssm.clone(), stamp: next_stamp() }
+    }
+}
+
+impl PartialEq for RecurrentState {
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape && self.conv == other.conv && self.ssm == other.ssm
+    }
 }
 
 impl RecurrentState {
     pub fn new(shape: RecurrentShape) -> Self {
-        Self { shape, conv: vec![0.0; shape.layers * shape.conv], ssm: vec![0.0; shape.layers * shape.ssm] }
+        let (conv, ssm) = (vec![0.0; shape.layers * shape.conv], vec![0.0; shape.layers * shape.ssm]);
+        Self { shape, conv, ssm, stamp: next_stamp() }
     }
 
     /// A state from its parts (a file's), if their lengths fit `shape`.
@@ -46,7 +73,20 @@ impl RecurrentState {
             shape,
             conv,
             ssm,
+            stamp: next_stamp(),
         })
+    }
+
+    /// What names these values (see the type's notes).
+    pub fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    /// Every layer's convolution and delta-rule states, to overwrite (a device copy's
+    /// download); the state takes a new stamp.
+    pub fn parts_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        self.stamp = next_stamp();
+        (&mut self.conv, &mut self.ssm)
     }
 
     /// Every layer's convolution state, `[layer][conv]`.
@@ -65,11 +105,33 @@ impl RecurrentState {
 
     /// Recurrent layer `i`'s convolution and delta-rule states, to update in place.
     pub fn layer_mut(&mut self, i: usize) -> (&mut [f32], &mut [f32]) {
+        self.stamp = next_stamp();
         let (c, s) = (self.shape.conv, self.shape.ssm);
         (&mut self.conv[i * c..(i + 1) * c], &mut self.ssm[i * s..(i + 1) * s])
     }
 
     pub fn bytes(&self) -> usize {
         self.shape.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write or a clone names new values; equality looks at the values only.
+    #[test]
+    fn stamps_change_with_every_write_and_clone() {
+        let mut s = RecurrentState::new(RecurrentShape { layers: 2, conv: 3, ssm: 4 });
+        let first = s.stamp();
+        let copy = s.clone();
+        assert_ne!(copy.stamp(), first);
+        assert_eq!(copy, s);
+        s.layer_mut(1).0[0] = 1.0;
+        assert_ne!(s.stamp(), first);
+        let before = s.stamp();
+        s.parts_mut();
+        assert_ne!(s.stamp(), before);
+        assert_ne!(copy, s);
     }
 }

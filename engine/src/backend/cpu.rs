@@ -11,7 +11,7 @@ use crate::kernels::ops;
 use crate::kernels::rope::{RopeAngles, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
 
-use super::Backend;
+use super::{Backend, DeltaShape, cpu_hybrid as hybrid};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Cpu;
@@ -27,11 +27,6 @@ impl CpuPass {
     /// each row's tokens in order against that row's state.
     pub(crate) fn spans(&self) -> &[(usize, usize, usize)] {
         self.spans.each()
-    }
-
-    /// Rotary table `i` of the pass (a partial rotation applies it to each head's front).
-    pub(crate) fn rope_table(&self, i: usize) -> &RopeTable {
-        &self.ropes[i]
     }
 }
 
@@ -110,6 +105,64 @@ impl Backend for Cpu {
 
     fn rope(&self, p: &CpuPass, x: &mut Vec<f32>, heads: usize, table: usize, style: RopeStyle) -> Result<()> {
         p.ropes[table].apply(x, heads, style);
+        Ok(())
+    }
+
+    fn rope_partial(
+        &self,
+        p: &CpuPass,
+        x: &mut Vec<f32>,
+        (heads, head_dim): (usize, usize),
+        table: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        p.ropes[table].apply_partial(x, heads, head_dim, style);
+        Ok(())
+    }
+
+    fn split_halves(&self, x: &Vec<f32>, half: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok(hybrid::split_halves(x, half))
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>) -> Result<()> {
+        hybrid::sigmoid_mul(x, gate);
+        Ok(())
+    }
+
+    fn ssm_conv(
+        &self,
+        p: &mut CpuPass,
+        rows: &mut [Row<'_>],
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        s: &DeltaShape,
+    ) -> Result<Vec<f32>> {
+        hybrid::conv(p.spans(), rows, x, w, s)
+    }
+
+    fn l2_norm_heads(&self, x: &mut Vec<f32>, dims: (usize, usize, usize), eps: f32) -> Result<()> {
+        hybrid::l2_norm(x, dims, eps);
+        Ok(())
+    }
+
+    fn delta_gates(&self, beta: &mut Vec<f32>, alpha: &mut Vec<f32>, dt_bias: &Vec<f32>, a: &Vec<f32>) -> Result<()> {
+        hybrid::gates(beta, alpha, dt_bias, a);
+        Ok(())
+    }
+
+    fn delta_rule(
+        &self,
+        p: &mut CpuPass,
+        rows: &mut [Row<'_>],
+        x: &Vec<f32>,
+        (beta, g): (&Vec<f32>, &Vec<f32>),
+        s: &DeltaShape,
+    ) -> Result<Vec<f32>> {
+        hybrid::delta(p.spans(), rows, x, (beta, g), s)
+    }
+
+    fn gated_rms_norm(&self, x: &mut Vec<f32>, w: &Vec<f32>, z: &Vec<f32>, eps: f32) -> Result<()> {
+        hybrid::gated_norm(x, w, z, eps);
         Ok(())
     }
 

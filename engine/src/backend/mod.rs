@@ -9,9 +9,11 @@
 
 pub mod batch;
 pub mod cpu;
+mod cpu_hybrid;
 pub mod cuda;
 mod device;
 
+pub use cpu_hybrid::missing_state;
 pub use device::{DeviceChoice, DeviceKind};
 
 use std::ops::Range;
@@ -21,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::kernels::AttnSpec;
 use crate::kernels::rope::{RopeAngles, RopeScaling, RopeStyle};
+use crate::recurrent::RecurrentShape;
 use batch::Row;
 
 /// The gated activation of an MLP: `gate(g) * u`.
@@ -43,6 +46,33 @@ pub struct Rotary {
     pub k_heads: usize,
     pub table: usize,
     pub style: RopeStyle,
+}
+
+/// A Gated DeltaNet layer (qwen35): its heads, its convolution's taps, and its place
+/// (`slot`) among the recurrent layers of each row's state (`RecurrentShape`).
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaShape {
+    pub state: RecurrentShape,
+    pub slot: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub head_dim: usize,
+    pub taps: usize,
+}
+
+impl DeltaShape {
+    /// Q|K|V channels of the convolution.
+    pub fn channels(&self) -> usize {
+        (2 * self.k_heads + self.v_heads) * self.head_dim
+    }
+
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.head_dim
+    }
 }
 
 pub trait Backend: Send + Sync + 'static {
@@ -96,6 +126,17 @@ pub trait Backend: Send + Sync + 'static {
         let head_dim = ropes.first().map_or(0, |r| r.head_dim);
         let bases: Vec<f32> = ropes.iter().map(|r| r.base).collect();
         self.begin(rows, head_dim, &bases)
+    }
+    /// `begin_scaled` for a model whose attention heads (`attn_head_dim` wide: how the
+    /// GPU plans its attention) are wider than the rotated part (`ropes`' head size,
+    /// `rope_partial`).
+    fn begin_partial(
+        &self,
+        rows: &mut [Row<'_>],
+        _attn_head_dim: usize,
+        ropes: &[RopeAngles<'_>],
+    ) -> Result<Self::Pass> {
+        self.begin_scaled(rows, ropes)
     }
     /// The stacked rows' embeddings `[T][hidden]`.
     fn embed(&self, p: &Self::Pass, table: &Self::Table) -> Result<Self::Act>;
@@ -170,6 +211,57 @@ pub trait Backend: Send + Sync + 'static {
         self.rope(p, q, q_heads, table, style)?;
         self.rope(p, k, k_heads, table, style)
     }
+    /// Rotate the first dimensions (the table's head size) of each `head_dim`-wide head
+    /// of `x` (`[T][heads][head_dim]`; `heads_dim` is `(heads, head_dim)`) by rotary table `table` (qwen35's partial M-RoPE,
+    /// for text a plain rotation at the token's position).
+    fn rope_partial(
+        &self,
+        p: &Self::Pass,
+        x: &mut Self::Act,
+        heads_dim: (usize, usize),
+        table: usize,
+        style: RopeStyle,
+    ) -> Result<()>;
+    /// `[T][heads][2 * half]` split into each head's first and second halves, each
+    /// `[T][heads][half]` (qwen35's queries and their gates).
+    fn split_halves(&self, x: &Self::Act, half: usize) -> Result<(Self::Act, Self::Act)>;
+    /// `x *= sigmoid(gate)` element by element (qwen35's gated attention output).
+    fn sigmoid_mul(&self, x: &mut Self::Act, gate: &Self::Act) -> Result<()>;
+    /// The causal convolution of each row's tokens in order (`x`: `[T][channels]`),
+    /// through and into that row's convolution state of layer `s.slot`, then SiLU.
+    fn ssm_conv(
+        &self,
+        p: &mut Self::Pass,
+        rows: &mut [Row<'_>],
+        x: &Self::Act,
+        w: &Self::Vector,
+        s: &DeltaShape,
+    ) -> Result<Self::Act>;
+    /// The L2 norm of each `head`-wide head among the first `n` values of every
+    /// `width`-wide row of `x` (`dims` is `(width, n, head)`) (`kernels::delta_net::l2_norm_heads`).
+    fn l2_norm_heads(&self, x: &mut Self::Act, dims: (usize, usize, usize), eps: f32) -> Result<()>;
+    /// The delta rule's gates in place: `beta = sigmoid(beta)`, and the log decay
+    /// `alpha = softplus(alpha + dt_bias) * a` (both `[T][v_heads]`).
+    fn delta_gates(
+        &self,
+        beta: &mut Self::Act,
+        alpha: &mut Self::Act,
+        dt_bias: &Self::Vector,
+        a: &Self::Vector,
+    ) -> Result<()>;
+    /// The delta rule of each row's tokens in order, per value head, through that row's
+    /// state of layer `s.slot`: `x` is the convolution's `[T][q | k | v]` (queries and
+    /// keys L2-normed), `gates` the `delta_gates` output. Returns `[T][value_dim]`.
+    fn delta_rule(
+        &self,
+        p: &mut Self::Pass,
+        rows: &mut [Row<'_>],
+        x: &Self::Act,
+        gates: (&Self::Act, &Self::Act),
+        s: &DeltaShape,
+    ) -> Result<Self::Act>;
+    /// RMSNorm of each run of `w`'s length of `x`, times SiLU(`z`) (qwen35's gated norm).
+    fn gated_rms_norm(&self, x: &mut Self::Act, w: &Self::Vector, z: &Self::Act, eps: f32) -> Result<()>;
     /// Write each row's new K/V for `layer`, then attend each row's queries over its own
     /// cache. Returns `[T][n_heads * head_dim]`.
     fn attend(

@@ -52,22 +52,8 @@ fn build<B: Backend>(b: B, g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Arc
         }
         Arch::Gemma3 => Arc::new(gemma3::Gemma3::load(b, g, config)?),
         Arch::GptOss => Arc::new(gptoss::GptOss::load(b, g, config)?),
-        // Only on the CPU (`build_cpu`): the other backends have no recurrent layers.
-        Arch::Qwen35 | Arch::Qwen35Moe => {
-            let name = config.arch.name();
-            return Err(Error::Tensor { name: name.into(), reason: format!("{name} {NO_CUDA_HYBRID}") });
-        }
+        Arch::Qwen35 | Arch::Qwen35Moe => Arc::new(qwen35::Qwen35::load(b, g, config)?),
     })
-}
-
-const NO_CUDA_HYBRID: &str = "has no CUDA path yet (Gated DeltaNet layers): run it with --device cpu";
-
-/// `build` on the CPU backend, where the hybrids (qwen35, qwen35moe) run too.
-fn build_cpu(g: &Gguf, config: &ModelConfig) -> Result<Arc<dyn Architecture>> {
-    match config.arch {
-        Arch::Qwen35 | Arch::Qwen35Moe => Ok(Arc::new(qwen35::Qwen35::load(g, config)?)),
-        _ => build(Cpu, g, config),
-    }
 }
 
 /// The tensors around the blocks: the embedding table, the final norm, and the output
@@ -97,6 +83,9 @@ impl Model {
 
     /// Load on the chosen device. `Auto` takes GPU 0 when one is usable and says in one
     /// log line why not otherwise; an explicit `cuda:N` that cannot be used is an error.
+    /// A model `ModelConfig::no_gpu_path` keeps off the GPU stays on the CPU under
+    /// `Auto`, and runs on the GPU only when asked for by an explicit `cuda:N` (how its
+    /// GPU path is tested before it is proven).
     pub fn load_on(g: &Gguf, device: DeviceChoice) -> Result<Self> {
         let config = ModelConfig::from_gguf(g)?;
         let gpu = match device {
@@ -121,7 +110,7 @@ impl Model {
         };
         let (arch, device, gpu) = match on_gpu {
             Some((arch, b)) => (arch, b.kind(), Some(b)),
-            None => (build_cpu(g, &config)?, DeviceKind::Cpu, None),
+            None => (build(Cpu, g, &config)?, DeviceKind::Cpu, None),
         };
         tracing::info!(device = %device.label(), "model loaded");
         Ok(Self { config: Arc::new(config), arch, numerics: Numerics::default(), device, gpu })
@@ -218,6 +207,13 @@ impl Model {
             if let Some(&id) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::BadToken { id, vocab });
             }
+        }
+        // A hybrid's decode step may replay a CUDA graph without running the model's
+        // forward: every row's recurrent state must exist before the pass is planned.
+        if let Some(shape) = self.recurrent_shape()
+            && !rows.iter_mut().filter(|r| !r.tokens.is_empty()).all(|r| r.cache.ensure_recurrent(shape))
+        {
+            return Err(crate::backend::missing_state());
         }
         let run = |rows: &mut [Row<'_>]| {
             crate::kernels::with_numerics(self.numerics, || match &self.gpu {

@@ -15,81 +15,78 @@
 //!   NeoX's rotation at the token's position; attention at 1/√head_dim; its output times
 //!   sigmoid(gate), then `attn_output`.
 //!
-//! CPU only: written over the CPU backend's ops and `kernels::delta_net`, not over every
-//! backend (the CUDA one has no recurrent layers; `ModelConfig::no_gpu_path` keeps the
-//! model off it and `--device cuda:N` refuses it). A pass updates each row's recurrent
+//! Written once over `Backend`: the CPU runs it with `kernels::delta_net`'s arithmetic,
+//! the GPU with `backend/cuda/kernels/hybrid.cu` (each sequence's recurrent state resident
+//! on the device beside its KV mirror; docs/cuda.md). A pass updates each row's recurrent
 //! state in place; a pass that fails after the first layer empties its rows' caches
 //! (their state would be ahead of their KV), so their next pass recomputes them.
 
 use crate::backend::batch::Row;
-use crate::backend::cpu::{Cpu, CpuPass};
-use crate::backend::{Backend, Gate};
+use crate::backend::{Backend, DeltaShape, Gate};
 use crate::config::{HybridConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::kernels::delta_net::{DeltaStep, conv_step, delta_step, l2_norm_heads, sigmoid, silu_rows, softplus};
-use crate::kernels::moe::Experts;
-use crate::kernels::ops;
+use crate::kernels::AttnSpec;
 use crate::kernels::rope::RopeAngles;
-use crate::kernels::{AttnSpec, Linear};
 use crate::model::Architecture;
 use crate::recurrent::RecurrentShape;
 
-struct Attention {
+struct Attention<B: Backend> {
     /// Each head's query and gate, side by side: `[head][query | gate]`.
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
-    wo: Linear,
+    wq: B::Matrix,
+    wk: B::Matrix,
+    wv: B::Matrix,
+    q_norm: B::Vector,
+    k_norm: B::Vector,
+    wo: B::Matrix,
     /// This layer's place among the layers with a KV cache.
     kv_layer: usize,
 }
 
-struct DeltaNet {
+struct DeltaNet<B: Backend> {
     /// Q|K|V channels before the convolution.
-    wqkv: Linear,
+    wqkv: B::Matrix,
     /// z, the output gate.
-    wz: Linear,
-    w_beta: Linear,
-    w_alpha: Linear,
+    wz: B::Matrix,
+    w_beta: B::Matrix,
+    w_alpha: B::Matrix,
     /// `[channel][tap]`.
-    conv: Vec<f32>,
-    dt_bias: Vec<f32>,
+    conv: B::Vector,
+    dt_bias: B::Vector,
     /// `-exp(A_log)` per value head.
-    a: Vec<f32>,
-    norm: Vec<f32>,
-    out: Linear,
+    a: B::Vector,
+    norm: B::Vector,
+    out: B::Matrix,
     /// This layer's place among the recurrent layers (its slice of the state).
     slot: usize,
 }
 
-enum Mixer {
-    Attention(Attention),
-    DeltaNet(DeltaNet),
+enum Mixer<B: Backend> {
+    Attention(Attention<B>),
+    DeltaNet(DeltaNet<B>),
 }
 
 /// A layer's feed-forward part after `post_attention_norm`.
-enum Ffn {
+enum Ffn<B: Backend> {
     /// SwiGLU: `down(silu(gate x) * up x)` (qwen35): gate, up, down.
-    Dense(Box<[Linear; 3]>),
+    Dense(Box<[B::Matrix; 3]>),
     /// Routed experts plus the gated shared expert (qwen35moe).
-    Experts(Box<Experts>),
+    Experts(Box<B::Experts>),
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    mixer: Mixer,
-    post_norm: Vec<f32>,
-    ffn: Ffn,
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    mixer: Mixer<B>,
+    post_norm: B::Vector,
+    ffn: Ffn<B>,
 }
 
-pub(crate) struct Qwen35 {
+pub(crate) struct Qwen35<B: Backend> {
+    b: B,
     cfg: ModelConfig,
     hy: HybridConfig,
-    ends: super::Ends<Cpu>,
-    layers: Vec<Layer>,
+    ends: super::Ends<B>,
+    layers: Vec<Layer<B>>,
 }
 
 /// Tensors llama.cpp's graph would use or that a variant could carry but this one has no
@@ -98,13 +95,12 @@ const UNUSED: &[&str] = &["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_out
 const MOE_ONLY: &[&str] = &["ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"];
 const DENSE_ONLY: &[&str] = &["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"];
 
-impl Qwen35 {
+impl<B: Backend> Qwen35<B> {
     fn hybrid(cfg: &ModelConfig) -> Result<&HybridConfig> {
         cfg.hybrid.as_ref().ok_or_else(|| Error::Metadata { key: "qwen35.ssm.*".into() })
     }
 
-    pub(crate) fn load(g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
-        let b = Cpu;
+    pub(crate) fn load(b: B, g: &Gguf, cfg: &ModelConfig) -> Result<Self> {
         let hy = Self::hybrid(cfg)?.clone();
         let (h, q, kv, ff, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.ffn, cfg.head_dim);
         let (mut kv_layer, mut slot) = (0, 0);
@@ -125,10 +121,10 @@ impl Qwen35 {
                     wz: b.matrix(g, &n("attn_gate"), h, vd)?,
                     w_beta: b.matrix(g, &n("ssm_beta"), h, vh)?,
                     w_alpha: b.matrix(g, &n("ssm_alpha"), h, vh)?,
-                    conv: g.f32_tensor(&n("ssm_conv1d"), ch * hy.conv_kernel)?,
-                    dt_bias: g.f32_tensor(&format!("blk.{i}.ssm_dt.bias"), vh)?,
-                    a: g.f32_tensor(&format!("blk.{i}.ssm_a"), vh)?,
-                    norm: g.f32_tensor(&n("ssm_norm"), hy.head_dim)?,
+                    conv: b.vector(g, &n("ssm_conv1d"), ch * hy.conv_kernel)?,
+                    dt_bias: b.vector(g, &format!("blk.{i}.ssm_dt.bias"), vh)?,
+                    a: b.vector(g, &format!("blk.{i}.ssm_a"), vh)?,
+                    norm: b.vector(g, &n("ssm_norm"), hy.head_dim)?,
                     out: b.matrix(g, &n("ssm_out"), vd, h)?,
                     slot,
                 };
@@ -143,8 +139,8 @@ impl Qwen35 {
                     wq: b.matrix(g, &n("attn_q"), h, 2 * q)?,
                     wk: b.matrix(g, &n("attn_k"), h, kv)?,
                     wv: b.matrix(g, &n("attn_v"), h, kv)?,
-                    q_norm: g.f32_tensor(&n("attn_q_norm"), hd)?,
-                    k_norm: g.f32_tensor(&n("attn_k_norm"), hd)?,
+                    q_norm: b.vector(g, &n("attn_q_norm"), hd)?,
+                    k_norm: b.vector(g, &n("attn_k_norm"), hd)?,
                     wo: b.matrix(g, &n("attn_output"), q, h)?,
                     kv_layer,
                 };
@@ -160,13 +156,13 @@ impl Qwen35 {
                 ])),
             };
             layers.push(Layer {
-                attn_norm: g.f32_tensor(&n("attn_norm"), h)?,
+                attn_norm: b.vector(g, &n("attn_norm"), h)?,
                 mixer,
-                post_norm: g.f32_tensor(&n("post_attention_norm"), h)?,
+                post_norm: b.vector(g, &n("post_attention_norm"), h)?,
                 ffn,
             });
         }
-        Ok(Self { ends: super::Ends::load(&b, g, cfg)?, cfg: cfg.clone(), hy, layers })
+        Ok(Self { ends: super::Ends::load(&b, g, cfg)?, cfg: cfg.clone(), hy, layers, b })
     }
 
     fn state_shape(&self) -> RecurrentShape {
@@ -174,8 +170,8 @@ impl Qwen35 {
     }
 
     /// The layers, from the embeddings to the last hidden state.
-    fn blocks(&self, p: &mut CpuPass, rows: &mut [Row<'_>], mut x: Vec<f32>) -> Result<Vec<f32>> {
-        let (b, c) = (Cpu, &self.cfg);
+    fn blocks(&self, p: &mut B::Pass, rows: &mut [Row<'_>], mut x: B::Act) -> Result<B::Act> {
+        let (b, c) = (&self.b, &self.cfg);
         for l in &self.layers {
             let h = b.rms_norm(&x, &l.attn_norm, c.rms_eps)?;
             let o = match &l.mixer {
@@ -196,20 +192,15 @@ impl Qwen35 {
         Ok(x)
     }
 
-    fn attention(&self, p: &mut CpuPass, rows: &mut [Row<'_>], a: &Attention, h: &Vec<f32>) -> Result<Vec<f32>> {
-        let (b, c) = (Cpu, &self.cfg);
+    fn attention(&self, p: &mut B::Pass, rows: &mut [Row<'_>], a: &Attention<B>, h: &B::Act) -> Result<B::Act> {
+        let (b, c) = (&self.b, &self.cfg);
         let (hd, heads) = (c.head_dim, c.n_heads);
         let [qg, mut k, v] = b.matmul_many(p, [&a.wq, &a.wk, &a.wv], h)?;
-        let (mut q, mut gate) = (Vec::with_capacity(qg.len() / 2), Vec::with_capacity(qg.len() / 2));
-        for head in qg.chunks_exact(2 * hd) {
-            q.extend_from_slice(&head[..hd]);
-            gate.extend_from_slice(&head[hd..]);
-        }
+        let (mut q, gate) = b.split_halves(&qg, hd)?;
         b.rms_norm_inplace(&mut q, &a.q_norm, c.rms_eps)?;
         b.rms_norm_inplace(&mut k, &a.k_norm, c.rms_eps)?;
-        let table = p.rope_table(0);
-        table.apply_partial(&mut q, heads, hd, c.arch.rope_style());
-        table.apply_partial(&mut k, c.n_kv_heads, hd, c.arch.rope_style());
+        b.rope_partial(p, &mut q, (heads, hd), 0, c.arch.rope_style())?;
+        b.rope_partial(p, &mut k, (c.n_kv_heads, hd), 0, c.arch.rope_style())?;
         let spec = AttnSpec {
             n_heads: heads,
             n_kv_heads: c.n_kv_heads,
@@ -219,73 +210,40 @@ impl Qwen35 {
             sinks: None,
         };
         let mut o = b.attend(p, rows, a.kv_layer, (&q, &k, &v), &spec)?;
-        for (o, g) in o.iter_mut().zip(&gate) {
-            *o *= sigmoid(*g);
-        }
+        b.sigmoid_mul(&mut o, &gate)?;
         b.matmul(p, &a.wo, &o)
     }
 
-    fn delta_net(&self, p: &mut CpuPass, rows: &mut [Row<'_>], d: &DeltaNet, h: &Vec<f32>) -> Result<Vec<f32>> {
-        let (b, hy, eps) = (Cpu, &self.hy, self.cfg.rms_eps);
-        let (ch, kd, vd, vh, dh) = (hy.conv_channels(), hy.key_dim(), hy.value_dim(), hy.v_heads, hy.head_dim);
-        let [qkv, mut z] = b.matmul_many(p, [&d.wqkv, &d.wz], h)?;
-        let [beta, alpha] = b.matmul_many(p, [&d.w_beta, &d.w_alpha], h)?;
-        let beta: Vec<f32> = beta.iter().map(|&x| sigmoid(x)).collect();
-        let decay: Vec<f32> = alpha
-            .chunks_exact(vh)
-            .flat_map(|r| r.iter().zip(&d.dt_bias).zip(&d.a).map(|((x, b), a)| softplus(x + b) * a))
-            .collect();
-        let mut out = vec![0.0f32; vd * qkv.len() / ch];
-        let shape = self.state_shape();
-        for (r, &(at, n, _)) in rows.iter_mut().zip(p.spans()) {
-            let state = r.cache.recurrent_mut(shape).ok_or_else(missing_state)?;
-            let (conv_state, ssm) = state.layer_mut(d.slot);
-            for t in at..at + n {
-                let mut x = conv_step(conv_state, &d.conv, &qkv[t * ch..(t + 1) * ch], hy.conv_kernel);
-                silu_rows(&mut x, ch);
-                let (qk, v) = x.split_at_mut(2 * kd);
-                let (q, k) = qk.split_at_mut(kd);
-                l2_norm_heads(q, dh, eps);
-                l2_norm_heads(k, dh, eps);
-                let o = &mut out[t * vd..(t + 1) * vd];
-                for (head, (s, o)) in ssm.chunks_exact_mut(dh * dh).zip(o.chunks_exact_mut(dh)).enumerate() {
-                    let kh = (head % hy.k_heads) * dh;
-                    let step = DeltaStep {
-                        q: &q[kh..kh + dh],
-                        k: &k[kh..kh + dh],
-                        v: &v[head * dh..(head + 1) * dh],
-                        g: decay[t * vh + head],
-                        beta: beta[t * vh + head],
-                    };
-                    delta_step(s, &step, o);
-                }
-            }
-        }
-        ops::rms_norm_inplace(&mut out, &d.norm, eps);
-        silu_rows(&mut z, dh);
-        for (o, z) in out.iter_mut().zip(&z) {
-            *o *= z;
-        }
+    fn delta_net(&self, p: &mut B::Pass, rows: &mut [Row<'_>], d: &DeltaNet<B>, h: &B::Act) -> Result<B::Act> {
+        let (b, hy, eps) = (&self.b, &self.hy, self.cfg.rms_eps);
+        let s = DeltaShape {
+            state: self.state_shape(),
+            slot: d.slot,
+            k_heads: hy.k_heads,
+            v_heads: hy.v_heads,
+            head_dim: hy.head_dim,
+            taps: hy.conv_kernel,
+        };
+        let [qkv, z] = b.matmul_many(p, [&d.wqkv, &d.wz], h)?;
+        let [mut beta, mut alpha] = b.matmul_many(p, [&d.w_beta, &d.w_alpha], h)?;
+        b.delta_gates(&mut beta, &mut alpha, &d.dt_bias, &d.a)?;
+        let mut x = b.ssm_conv(p, rows, &qkv, &d.conv, &s)?;
+        b.l2_norm_heads(&mut x, (s.channels(), 2 * s.key_dim(), s.head_dim), eps)?;
+        let mut out = b.delta_rule(p, rows, &x, (&beta, &alpha), &s)?;
+        b.gated_rms_norm(&mut out, &d.norm, &z, eps)?;
         b.matmul(p, &d.out, &out)
     }
 }
 
-fn missing_state() -> Error {
-    Error::Tensor {
-        name: "recurrent state".into(),
-        reason: "a hybrid (qwen35) sequence with cached positions but no recurrent state cannot continue".into(),
-    }
-}
-
-impl Architecture for Qwen35 {
+impl<B: Backend> Architecture for Qwen35<B> {
     fn forward(&self, rows: &mut [Row<'_>]) -> Result<Vec<Vec<f32>>> {
-        let (b, c) = (Cpu, &self.cfg);
+        let (b, c) = (&self.b, &self.cfg);
         let shape = self.state_shape();
-        if rows.iter_mut().any(|r| r.cache.recurrent_mut(shape).is_none()) {
-            return Err(missing_state());
+        if !rows.iter_mut().all(|r| r.cache.ensure_recurrent(shape)) {
+            return Err(crate::backend::missing_state());
         }
         let angles = RopeAngles { head_dim: self.hy.n_rot, base: c.rope_base, scaling: c.rope_scaling, factors: None };
-        let mut p = b.begin_scaled(rows, &[angles])?;
+        let mut p = b.begin_partial(rows, c.head_dim, &[angles])?;
         let x = b.embed(&p, &self.ends.embed)?;
         let x = match self.blocks(&mut p, rows, x) {
             Ok(x) => x,

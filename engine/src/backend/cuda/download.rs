@@ -99,6 +99,7 @@ impl Gpu {
                 m.len = len;
             }
         }
+        self.land_recurrent(rows)?;
         Ok(out)
     }
 }

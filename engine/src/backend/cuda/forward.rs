@@ -17,16 +17,15 @@ use cudarc::driver::CudaSlice;
 
 use super::device::{Gpu, drv};
 use super::formats::KERNEL_TYPES;
-use super::gemm::{Prefill, gemm_min_rows};
 use super::graph::{Graphs, Step, graphs_wanted};
-use super::kv::KvPlan;
 use super::moe::DeviceExperts;
-use super::ops::{ActFormat, DeviceAct, RopeSpec, ScaledRope};
+use super::ops::{ActFormat, DeviceAct, RopeSpec};
+pub use super::pass::CudaPass;
 use super::rope::RopeTables;
 use super::sinks::SinkTables;
 use super::weights::{DeviceWeights, MatrixBytes};
-use crate::backend::batch::{Logits, Row, Spans, split};
-use crate::backend::{Backend, DeviceKind, Gate, Rotary};
+use crate::backend::batch::{Row, split};
+use crate::backend::{Backend, DeltaShape, DeviceKind, Gate, Rotary};
 use crate::config::{AttnTemperature, MoeConfig};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
@@ -39,34 +38,9 @@ use crate::kernels::rope::{RopeAngles, RopeStyle};
 pub struct CudaBackend {
     pub(super) gpu: Arc<Gpu>,
     ordinal: usize,
-    graphs: Arc<Mutex<Graphs>>,
-    ropes: Arc<RopeTables>,
+    pub(super) graphs: Arc<Mutex<Graphs>>,
+    pub(super) ropes: Arc<RopeTables>,
     sinks: Arc<SinkTables>,
-}
-
-pub struct CudaPass {
-    spans: Spans,
-    /// Runs of stacked rows and whether they take the GEMM (a long sequence chunk) or
-    /// the GEMV (decode rows, short chunks).
-    runs: Vec<(Range<usize>, bool)>,
-    ids: CudaSlice<i32>,
-    head_dim: usize,
-    bases: Vec<f32>,
-    /// Each table's scaled terms (`begin_scaled`), `None` for plain angles.
-    scaled: Vec<Option<ScaledRope>>,
-    kv: KvPlan,
-    /// In a capture: where `finish` leaves the logits (the step's buffer).
-    capture: Option<CudaSlice<f32>>,
-    /// When `begin` was called (the host's queueing time is logged at the end).
-    started: std::time::Instant,
-}
-
-/// A speculative verify row (`[last token, draft…]`, every position's logits, at most
-/// `MAX_DRAFT + 1` tokens): its matmuls stay on the GEMV and its attention runs as one
-/// decode row per token, so each position's logits are those of a decode step there.
-/// Prefill's kernels (tiled attention, the GEMM) sum in other orders.
-fn verify_row(r: &Row<'_>) -> bool {
-    r.logits == Logits::All && (2..=crate::speculate::policy::MAX_DRAFT + 1).contains(&r.tokens.len())
 }
 
 impl CudaBackend {
@@ -201,8 +175,14 @@ impl Backend for CudaBackend {
         DeviceExperts::load(&self.gpu, g, layer, hidden, moe)
     }
 
-    fn moe(&self, _: &CudaPass, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
-        self.gpu.moe(x, e)
+    fn moe(&self, p: &CudaPass, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
+        let mut y = self.gpu.moe(x, e)?;
+        if let Some(s) = &e.shared {
+            let [g, u] = self.matmul_many(p, [&s.gate, &s.up], x)?;
+            let o = self.gated_matmul(p, g, &u, Gate::Silu, &s.down)?;
+            self.gpu.shared_gate_add(&mut y, &o, x, &s.gate_inp)?;
+        }
+        Ok(y)
     }
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<DeviceWeights> {
@@ -223,54 +203,15 @@ impl Backend for CudaBackend {
     }
 
     fn begin(&self, rows: &mut [Row<'_>], head_dim: usize, rope_bases: &[f32]) -> Result<CudaPass> {
-        let started = std::time::Instant::now();
-        let spans = Spans::of(rows);
-        let captured = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).take_capturing();
-        let (ids, kv, capture) = match captured {
-            // The step's buffers were filled before the capture began.
-            Some(Step { ids, kv, logits }) => (ids, kv, Some(logits)),
-            None => {
-                let tokens: Vec<i32> = Spans::stack(rows).into_iter().map(|t| t as i32).collect();
-                let per_token: Vec<bool> = rows.iter().map(verify_row).collect();
-                let mut caches: Vec<_> = rows.iter_mut().map(|r| (&mut *r.cache, r.tokens.len())).collect();
-                let kv = self.gpu.plan_kv_with(&mut caches, head_dim, &per_token)?;
-                (self.gpu.stream.clone_htod(&tokens).map_err(drv("upload tokens"))?, kv, None)
-            }
-        };
-        let mut runs: Vec<(Range<usize>, bool)> = Vec::new();
-        let prefill = self.gpu.prefill();
-        for (&(at, n, _), row) in spans.each().iter().zip(rows.iter()) {
-            let gemm = n >= gemm_min_rows() && prefill != Prefill::Gemv && !verify_row(row);
-            // cuBLAS picks its algorithm by shape: one call per sequence's chunk, so a
-            // row's sums do not depend on the other sequences of the pass.
-            let joins = !gemm || prefill == Prefill::Mmq;
-            match runs.last_mut() {
-                Some((r, g)) if *g == gemm && joins && r.end == at => r.end = at + n,
-                _ => runs.push((at..at + n, gemm)),
-            }
-        }
-        if capture.is_some() && runs.iter().any(|r| r.1) {
-            return Err(Error::Cuda { op: "capture", reason: "a decode step took the GEMM".into() });
-        }
-        let (bases, scaled) = (rope_bases.to_vec(), vec![None; rope_bases.len()]);
-        Ok(CudaPass { spans, runs, ids, head_dim, bases, scaled, kv, capture, started })
+        self.begin_planned(rows, head_dim, head_dim, rope_bases)
     }
 
     fn begin_scaled(&self, rows: &mut [Row<'_>], ropes: &[RopeAngles<'_>]) -> Result<CudaPass> {
-        let head_dim = ropes.first().map_or(0, |r| r.head_dim);
-        if ropes.iter().any(|r| r.head_dim != head_dim) {
-            return Err(Error::Cuda { op: "begin", reason: "rotary tables of different head sizes".into() });
-        }
-        // The tables before `begin`: a capture that cannot have one must fail while its
-        // step is still the graph code's (`begin` takes it).
-        let capturing = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).is_capturing();
-        let scaled = ropes.iter().map(|a| self.ropes.get(&self.gpu, a, capturing)).collect::<Result<Vec<_>>>()?;
-        let bases: Vec<f32> = ropes.iter().map(|r| r.base).collect();
-        let mut p = self.begin(rows, head_dim, &bases)?;
-        for (s, t) in p.scaled.iter_mut().zip(scaled) {
-            *s = t;
-        }
-        Ok(p)
+        self.begin_tables(rows, ropes.first().map_or(0, |r| r.head_dim), ropes)
+    }
+
+    fn begin_partial(&self, rows: &mut [Row<'_>], attn_head_dim: usize, ropes: &[RopeAngles<'_>]) -> Result<CudaPass> {
+        self.begin_tables(rows, attn_head_dim, ropes)
     }
 
     fn prepare_rope(&self, angles: &RopeAngles<'_>) -> Result<()> {
@@ -375,6 +316,66 @@ impl Backend for CudaBackend {
         let (head_dim, base, scaled) = (p.head_dim, p.bases[table], p.scaled[table]);
         let spec = RopeSpec { heads: q_heads, head_dim, base, style, scaled };
         self.gpu.rope_qk((q, k), k_heads, &p.kv.tok_pos, spec)
+    }
+
+    fn rope_partial(
+        &self,
+        p: &CudaPass,
+        x: &mut CudaSlice<f32>,
+        (heads, stride): (usize, usize),
+        table: usize,
+        style: RopeStyle,
+    ) -> Result<()> {
+        let spec = RopeSpec { heads, head_dim: p.head_dim, base: p.bases[table], style, scaled: p.scaled[table] };
+        self.gpu.rope_partial(x, &p.kv.tok_pos, spec, stride)
+    }
+
+    fn split_halves(&self, x: &CudaSlice<f32>, half: usize) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        self.gpu.split_halves(x, half)
+    }
+
+    fn sigmoid_mul(&self, x: &mut CudaSlice<f32>, gate: &CudaSlice<f32>) -> Result<()> {
+        self.gpu.sigmoid_mul(x, gate)
+    }
+
+    fn ssm_conv(
+        &self,
+        p: &mut CudaPass,
+        _rows: &mut [Row<'_>],
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        s: &DeltaShape,
+    ) -> Result<CudaSlice<f32>> {
+        self.gpu.ssm_conv(p.state_rows(), x, w, s)
+    }
+
+    fn l2_norm_heads(&self, x: &mut CudaSlice<f32>, dims: (usize, usize, usize), eps: f32) -> Result<()> {
+        self.gpu.l2_norm_heads(x, dims, eps)
+    }
+
+    fn delta_gates(
+        &self,
+        beta: &mut CudaSlice<f32>,
+        alpha: &mut CudaSlice<f32>,
+        dt_bias: &CudaSlice<f32>,
+        a: &CudaSlice<f32>,
+    ) -> Result<()> {
+        self.gpu.delta_gates(beta, alpha, dt_bias, a)
+    }
+
+    fn delta_rule(
+        &self,
+        p: &mut CudaPass,
+        _rows: &mut [Row<'_>],
+        x: &CudaSlice<f32>,
+        gates: (&CudaSlice<f32>, &CudaSlice<f32>),
+        s: &DeltaShape,
+    ) -> Result<CudaSlice<f32>> {
+        self.gpu.delta_rule(p.state_rows(), x, gates, s)
+    }
+
+    fn gated_rms_norm(&self, x: &mut CudaSlice<f32>, w: &CudaSlice<f32>, z: &CudaSlice<f32>, eps: f32) -> Result<()> {
+        self.gpu.gated_rms_norm(x, w, z, eps)
     }
 
     fn attend(

@@ -24,6 +24,8 @@ const TILE_KEYS: usize = 32;
 pub(crate) struct DeviceKv {
     buf: CudaSlice<f16>,
     cap: usize,
+    /// A hybrid sequence's recurrent state on the device (`recurrent.rs`).
+    pub(crate) rec: Option<super::recurrent::DeviceState>,
 }
 
 /// A pass's KV layout on the host, before upload.
@@ -37,6 +39,10 @@ pub(crate) struct PlanHost {
     tiles: Vec<i32>,
     /// The stacked tokens of rows with one new token (decode rows).
     singles: Vec<i32>,
+    /// Each row's recurrent state on the device (0 for a sequence without one).
+    rec: Vec<u64>,
+    /// Each row's first stacked token, then the total.
+    row_first: Vec<i32>,
     n_layers: usize,
     kv_dim: usize,
 }
@@ -50,6 +56,9 @@ pub(crate) struct KvPlan {
     /// `PlanHost::tiles` and `singles` (each at least one value long).
     pub(crate) tiles: CudaSlice<i32>,
     pub(crate) singles: CudaSlice<i32>,
+    /// `PlanHost::rec` and `row_first`.
+    pub(crate) rec: CudaSlice<u64>,
+    pub(crate) row_first: CudaSlice<i32>,
     pub(crate) n_tiles: usize,
     pub(crate) n_singles: usize,
     /// `PlanHost::long`: decode attention may split rows (a different set of launches,
@@ -143,7 +152,8 @@ impl Gpu {
                 }
                 _ => 0,
             };
-            mirror = Some(Mirror { len: kept, data: Box::new(DeviceKv { buf, cap: grown }) });
+            let rec = mirror.as_mut().and_then(|m| m.data.downcast_mut::<DeviceKv>()).and_then(|k| k.rec.take());
+            mirror = Some(Mirror { len: kept, data: Box::new(DeviceKv { buf, cap: grown, rec }) });
         }
         let mut m = mirror.unwrap_or_else(|| unreachable!("made above"));
         let from = m.len.min(len);
@@ -194,7 +204,9 @@ impl Gpu {
             let (ptr, cap) = self.sync_mirror(cache, *n)?;
             h.bases.push(ptr);
             h.caps.push(i32::try_from(cap).map_err(|e| cuda("plan KV", e.to_string()))?);
+            h.rec.push(self.sync_recurrent(cache)?);
             let t0 = h.tok_row.len();
+            h.row_first.push(t0 as i32);
             if *n == 1 || per_token.get(i).copied().unwrap_or(false) {
                 h.singles.extend((t0..t0 + *n).map(|t| t as i32));
             } else if *n > 1 {
@@ -210,6 +222,7 @@ impl Gpu {
                 h.tok_pos.push(p as i32);
             }
         }
+        h.row_first.push(h.tok_row.len() as i32);
         // The longest tiles (latest positions, most keys) start first.
         let pairs: Vec<[i32; 2]> = h.tiles.chunks(2).map(|p| [p[0], p[1]]).collect();
         let mut order: Vec<usize> = (0..pairs.len()).collect();
@@ -248,6 +261,8 @@ impl Gpu {
             tok_pos: s.clone_htod(&h.tok_pos).map_err(up())?,
             tiles: s.clone_htod(&padded(&h.tiles)).map_err(up())?,
             singles: s.clone_htod(&padded(&h.singles)).map_err(up())?,
+            rec: s.clone_htod(&h.rec).map_err(up())?,
+            row_first: s.clone_htod(&h.row_first).map_err(up())?,
             n_tiles: h.tiles.len() / 2,
             n_singles: h.singles.len(),
             long: h.long(),
@@ -272,6 +287,8 @@ impl Gpu {
         s.memcpy_htod(&h.caps, &mut plan.caps).map_err(up())?;
         s.memcpy_htod(&h.tok_row, &mut plan.tok_row).map_err(up())?;
         s.memcpy_htod(&h.tok_pos, &mut plan.tok_pos).map_err(up())?;
+        s.memcpy_htod(&h.rec, &mut plan.rec).map_err(up())?;
+        s.memcpy_htod(&h.row_first, &mut plan.row_first).map_err(up())?;
         if !h.tiles.is_empty() {
             s.memcpy_htod(&h.tiles, &mut plan.tiles).map_err(up())?;
         }

@@ -20,12 +20,15 @@ mod fused;
 mod gemm;
 mod gemv;
 mod graph;
+mod hybrid;
 mod kv;
 mod mmq;
 mod moe;
 mod ops;
+mod pass;
 mod probe;
 pub mod programs;
+mod recurrent;
 mod rope;
 mod runs;
 mod sinks;
@@ -37,6 +40,8 @@ mod tests;
 mod tests_flash;
 #[cfg(test)]
 mod tests_gemv;
+#[cfg(test)]
+mod tests_hybrid;
 #[cfg(test)]
 mod tests_kv;
 #[cfg(test)]

@@ -20,6 +20,10 @@
 //!   down stack;
 //! - `moe_sum` adds each token's slots in routing order, each product rounded first.
 //!
+//! qwen35moe's shared expert runs as a dense SwiGLU MLP beside them (`SharedExpert`,
+//! through the backend's matmuls), its output times sigmoid(x · `ffn_gate_inp_shexp`)
+//! added to their sum (`shared_gate_add`, `kernels/hybrid.cu`).
+//!
 //! Prefill takes the same chunked GEMV (an expert's weights are read once per eight of
 //! its rows; no grouped tensor-core MMQ yet).
 
@@ -68,8 +72,50 @@ pub struct DeviceExperts {
     /// `ffn_down_exps` (`experts * hidden` rows of `width`); gpt-oss's with their
     /// `[experts][out]` biases attached (`DeviceWeights::bias`, one value a stacked row).
     stacks: [DeviceWeights; 3],
+    /// qwen35moe's shared expert.
+    pub(crate) shared: Option<SharedExpert>,
     moe: MoeConfig,
     hidden: usize,
+}
+
+/// qwen35moe's shared expert: `ffn_gate_inp_shexp` (`[hidden]`, f32) and its SwiGLU MLP
+/// (`ffn_{gate,up,down}_shexp`).
+pub(crate) struct SharedExpert {
+    pub(crate) gate_inp: CudaSlice<f32>,
+    pub(crate) gate: DeviceWeights,
+    pub(crate) up: DeviceWeights,
+    pub(crate) down: DeviceWeights,
+}
+
+impl SharedExpert {
+    fn load(gpu: &Gpu, g: &Gguf, layer: usize, hidden: usize, width: usize) -> Result<Self> {
+        let n = |s: &str| format!("blk.{layer}.{s}.weight");
+        let name = n("ffn_gate_inp_shexp");
+        let (_, dtype) = g.raw_stored(&name)?;
+        if dtype != Stored::Ggml(GgmlDType::F32) {
+            return Err(Error::Tensor {
+                name,
+                reason: format!("a {dtype:?} shared-expert gate is not supported (f32)"),
+            });
+        }
+        let gate_inp = gpu.stream.clone_htod(&g.f32_tensor(&name, hidden)?).map_err(drv("upload shared gate"))?;
+        let matrix = |s: &str, k: usize, out: usize| -> Result<DeviceWeights> {
+            let name = n(s);
+            let dims = g.dims(&name)?;
+            let (bytes, dtype) = g.raw_stored(&name)?;
+            if dims != [out, k] || ActFormat::for_weights(dtype).is_none() {
+                let reason = format!("{dtype:?} {dims:?}, expected [{out}, {k}] of a type with a CUDA kernel");
+                return Err(Error::Tensor { name, reason });
+            }
+            DeviceWeights::upload(gpu, MatrixBytes { name: &name, dtype, bytes, k, n: out })
+        };
+        Ok(Self {
+            gate_inp,
+            gate: matrix("ffn_gate_shexp", hidden, width)?,
+            up: matrix("ffn_up_shexp", hidden, width)?,
+            down: matrix("ffn_down_shexp", width, hidden)?,
+        })
+    }
 }
 
 impl DeviceExperts {
@@ -78,9 +124,6 @@ impl DeviceExperts {
         let n = |s: &str| format!("blk.{layer}.{s}.weight");
         let name = n("ffn_gate_inp");
         let bad = |name: &str, reason: String| Error::Tensor { name: name.to_owned(), reason };
-        if moe.shared.is_some() {
-            return Err(bad(&n("ffn_gate_inp_shexp"), "(a shared expert) has no CUDA path yet".into()));
-        }
         let dims = g.dims(&name)?;
         let (bytes, dtype) = g.raw_stored(&name)?;
         let fits = moe.experts <= MAX_EXPERTS && (1..=moe.experts).contains(&moe.used) && hidden.is_multiple_of(16);
@@ -122,7 +165,8 @@ impl DeviceExperts {
             MoeKind::Qwen3 => None,
             MoeKind::GptOss => Some(bias("ffn_gate_inp", moe.experts)?),
         };
-        Ok(Self { router, router_bias, stacks, moe, hidden })
+        let shared = moe.shared.map(|w| SharedExpert::load(gpu, g, layer, hidden, w)).transpose()?;
+        Ok(Self { router, router_bias, stacks, shared, moe, hidden })
     }
 
     /// The experts' gated activation and `moe_pick`'s kind.

@@ -36,10 +36,11 @@ pub const ATTENTION: Program = Program {
     ],
 };
 pub const MOE: Program = Program { name: "moe", files: &[("moe.cu", include_str!("kernels/moe.cu"))] };
+pub const HYBRID: Program = Program { name: "hybrid", files: &[("hybrid.cu", include_str!("kernels/hybrid.cu"))] };
 pub const PREFILL: Program = Program { name: "prefill", files: &[("prefill.cu", include_str!("kernels/prefill.cu"))] };
 
 /// Every program, in load order.
-pub const ALL: [&Program; 8] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION, &PREFILL, &MOE];
+pub const ALL: [&Program; 9] = [&QUANTIZE, &GEMV, &MMQ, &OPS, &EMBED, &ATTENTION, &PREFILL, &MOE, &HYBRID];
 
 impl Program {
     /// The full text handed to NVRTC.

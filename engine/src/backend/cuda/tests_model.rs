@@ -357,3 +357,53 @@ fn cuda_verify_rows_equal_decode_steps() {
         println!("{}: verify rows = decode steps on the GPU, bit for bit", path.display());
     }
 }
+
+/// A hybrid model's recurrent state on the GPU (skipped for the other models): after
+/// every pass the host state is the device's (against the CPU's state); a sequence cut
+/// back to a checkpoint (its state restored on the host: the device copy is stale) and
+/// continued gives bit for bit the logits of a GPU sequence that never went past it; and
+/// a fork continues from its own upload.
+#[test]
+fn cuda_hybrid_state_follows_the_host() {
+    if gpu().is_none() {
+        return;
+    }
+    for path in models() {
+        let (cpu, _, gpu) = load(&path);
+        if !gpu.recurrent() {
+            continue;
+        }
+        let vocab = gpu.config().vocab;
+        let (prompt, side, rest) = (tokens(900, 12, vocab), tokens(901, 6, vocab), tokens(902, 6, vocab));
+        let (mut cc, mut gc, mut fresh) = (cpu.new_cache(), gpu.new_cache(), gpu.new_cache());
+        cpu.forward(&prompt, &mut cc, Logits::Last).expect("CPU prefill");
+        gpu.forward(&prompt, &mut gc, Logits::Last).expect("GPU prefill");
+        gpu.forward(&prompt, &mut fresh, Logits::Last).expect("GPU prefill");
+        gc.checkpoint();
+        for &t in &side {
+            cpu.forward(&[t], &mut cc, Logits::Last).expect("CPU decode");
+            gpu.forward(&[t], &mut gc, Logits::Last).expect("GPU decode");
+        }
+        let ((_, want), (_, got)) = (cc.states().last().expect("state"), gc.states().last().expect("state"));
+        let err = |a: &[f32], b: &[f32]| {
+            let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            (num / b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().max(1e-30)).sqrt()
+        };
+        let (ec, es) = (err(got.conv(), want.conv()), err(got.ssm(), want.ssm()));
+        println!("{}: host state after GPU passes vs the CPU's: conv {ec:.2e}, ssm {es:.2e}", path.display());
+        assert!(ec < 1e-2 && es < 1e-2, "{}: the host state is not the device's", path.display());
+        let fork = gc.fork(12);
+        gc.truncate(12);
+        assert_eq!(gc.len(), 12, "{}: the checkpoint at 12 restores", path.display());
+        let mut forked = fork;
+        for &t in &rest {
+            let a = gpu.forward(&[t], &mut gc, Logits::Last).expect("restored decode");
+            let b = gpu.forward(&[t], &mut fresh, Logits::Last).expect("fresh decode");
+            let c = gpu.forward(&[t], &mut forked, Logits::Last).expect("forked decode");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&a) == bits(&b), "{}: a restored state continues differently", path.display());
+            assert!(bits(&c) == bits(&b), "{}: a forked state continues differently", path.display());
+        }
+        println!("{}: restored and forked GPU states continue bit for bit", path.display());
+    }
+}
