@@ -2,13 +2,14 @@
 //! gated MLPs and their weighted sum, every step on the device so a decode step stays one
 //! captured graph (no routing decision comes back to the host).
 //!
-//! - `moe_route` (`kernels/moe.cu`): each token's router logits (plus gpt-oss's router
-//!   bias), its top `used` experts and their weights, in the CPU's arithmetic
-//!   (`kernels::moe`'s `route`: softmax, top-k, renormalized; or gpt-oss's
-//!   `route_softmax_weight`: top-k of the logits, a softmax of those);
-//! - `moe_sort` orders the (token, slot) pairs by expert and cuts each expert's rows
-//!   into chunks of up to eight; `moe_gather` copies each pair's token row into that
-//!   order, which is quantized once;
+//! - `moe_logits` (`kernels/moe.cu`): each token's router logits (plus gpt-oss's router
+//!   bias), a half-warp an expert over the whole GPU; `moe_pick`, a warp a token: its top
+//!   `used` experts and their weights, in the CPU's arithmetic (`kernels::moe`'s
+//!   `route`: softmax, top-k, renormalized; or gpt-oss's `route_softmax_weight`: top-k of
+//!   the logits, a softmax of those);
+//! - `moe_sort` (one block) orders the (token, slot) pairs by expert and cuts each
+//!   expert's rows into chunks of up to eight; `moe_gather` copies each pair's token row
+//!   into that order, which is quantized once;
 //! - the three expert stacks (`ffn_{gate,up,down}_exps`) are uploaded whole as matrices
 //!   of `experts * out` rows; `gemv_id_<type>` (`kernels/gemv_id.cu`) runs each chunk
 //!   against its expert's rows, the weights read once per chunk, each row in the GEMV's
@@ -168,7 +169,7 @@ impl DeviceExperts {
         Ok(Self { router, router_bias, stacks, shared, moe, hidden })
     }
 
-    /// The experts' gated activation and `moe_route`'s kind.
+    /// The experts' gated activation and `moe_pick`'s kind.
     fn gate_and_route(&self) -> (Gate, i32) {
         match self.moe.kind {
             MoeKind::Qwen3 => (Gate::Silu, 0),
@@ -196,28 +197,39 @@ impl Gpu {
         if tokens == 0 {
             return alloc_f(0);
         }
-        let (mut ids, mut weights) = (alloc_i(pairs)?, alloc_f(pairs)?);
-        let f = self.function(&MOE, "moe_route")?;
-        let one = |threads: u32, blocks: usize| -> Result<LaunchConfig> {
-            Ok(LaunchConfig { grid_dim: (int(blocks)? as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+        let (mut ids, mut weights, mut logits) = (alloc_i(pairs)?, alloc_f(pairs)?, alloc_f(tokens * experts)?);
+        let cfg = |grid: (usize, usize), threads: u32| -> Result<LaunchConfig> {
+            Ok(LaunchConfig {
+                grid_dim: (int(grid.0)? as u32, int(grid.1)? as u32, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            })
         };
         let (gate_kind, kind) = e.gate_and_route();
         // The router's bias, or null.
         let bias = e.router_bias.as_ref().map_or(0, |b| b.device_ptr(s).0);
+        let f = self.function(&MOE, "moe_logits")?;
         let mut b = s.launch_builder(&f);
-        b.arg(x).arg(&e.router).arg(&bias).arg(&hi).arg(&ei).arg(&ui).arg(&kind).arg(&mut ids).arg(&mut weights);
-        // SAFETY: x holds tokens*h values, the router experts*h (at most MAX_EXPERTS, the
-        // kernel's shared array; h a multiple of 16) and its bias, if any, experts values;
-        // 1 <= used <= experts; ids and weights hold tokens*used.
-        unsafe { b.launch(one(128, tokens)?) }.map_err(drv("moe_route"))?;
+        b.arg(x).arg(&e.router).arg(&bias).arg(&hi).arg(&ei).arg(&mut logits);
+        // SAFETY: x holds tokens*h values, the router experts*h (h a multiple of 16) and its
+        // bias, if any, experts values; the grid's y covers the experts eight a block and
+        // logits holds tokens*experts.
+        unsafe { b.launch(cfg((tokens, experts.div_ceil(8)), 128)?) }.map_err(drv("moe_logits"))?;
+        let f = self.function(&MOE, "moe_pick")?;
+        let mut b = s.launch_builder(&f);
+        b.arg(&logits).arg(&ei).arg(&ui).arg(&kind).arg(&mut ids).arg(&mut weights);
+        // SAFETY: logits holds tokens*experts (at most MAX_EXPERTS, the kernel's shared
+        // arrays); 1 <= used <= experts; ids and weights hold tokens*used.
+        unsafe { b.launch(cfg((tokens, 1), 32)?) }.map_err(drv("moe_pick"))?;
 
         let (mut pos, mut sorted, mut chunks) = (alloc_i(pairs)?, alloc_i(pairs)?, alloc_i(3 * max_chunks)?);
         let f = self.function(&MOE, "moe_sort")?;
         let mut b = s.launch_builder(&f);
         b.arg(&ids).arg(&pi).arg(&ei).arg(&ci).arg(&mut pos).arg(&mut sorted).arg(&mut chunks);
-        // SAFETY: ids holds `pairs` experts below `experts` (<= MAX_EXPERTS, the shared
-        // array); pos and sorted hold `pairs`, chunks 3 * max_chunks, enough for any routing.
-        unsafe { b.launch(one(32, 1)?) }.map_err(drv("moe_sort"))?;
+        // SAFETY: ids holds `pairs` experts below `experts` (<= MAX_EXPERTS = 2 * the
+        // block's 256 threads, the kernel's shared counts); pos and sorted hold `pairs`,
+        // chunks 3 * max_chunks, enough for any routing.
+        unsafe { b.launch(cfg((1, 1), 256)?) }.map_err(drv("moe_sort"))?;
 
         let mut xs = alloc_f(pairs * h)?;
         let f = self.function(&MOE, "moe_gather")?;
