@@ -193,8 +193,8 @@ impl Backend for CudaBackend {
         DeviceExperts::load(&self.gpu, g, layer, hidden, moe)
     }
 
-    fn moe(&self, _: &CudaPass, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
-        self.gpu.moe(x, e)
+    fn moe(&self, p: &CudaPass, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
+        self.gpu.moe_runs(x, e, &p.runs)
     }
 
     fn matrix(&self, g: &Gguf, name: &str, in_dim: usize, out_dim: usize) -> Result<DeviceWeights> {

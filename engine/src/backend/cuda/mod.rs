@@ -22,6 +22,7 @@ mod gemv;
 mod graph;
 mod kv;
 mod mmq;
+mod mmq_id;
 mod moe;
 mod ops;
 mod probe;
@@ -45,6 +46,8 @@ mod tests_mmq;
 mod tests_model;
 #[cfg(test)]
 mod tests_moe;
+#[cfg(test)]
+mod tests_moe_mmq;
 #[cfg(test)]
 mod tests_ops;
 
