@@ -107,7 +107,7 @@ impl Gpu {
         let f = self.function(&MMQ, name)?;
         // Lanes past a tile's rows or the matrix's read its last row and store nothing.
         let grid = (int(n.div_ceil(TILE_N))? as u32, int(tiles.len() / 3)? as u32);
-        self.launch_grouped(&f, grid, w, n, act, tiles, y)
+        self.launch_grouped(&f, grid, (w, n), act, tiles, y)
     }
 
     /// A grouped kernel (`gemv_id_*`, `mmq_id_*`: the same arguments) on 128-thread
@@ -117,8 +117,7 @@ impl Gpu {
         &self,
         f: &CudaFunction,
         grid: (u32, u32),
-        w: &DeviceWeights,
-        n: usize,
+        (w, n): (&DeviceWeights, usize),
         act: &DeviceAct,
         table: &CudaSlice<i32>,
         y: &mut CudaSlice<f32>,

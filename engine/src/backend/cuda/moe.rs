@@ -295,7 +295,7 @@ impl Gpu {
         let f = self.function(&GEMV, ID[type_index(w.dtype())?])?;
         // Four warps a block, one an output row.
         let grid = (int(chunks.len() / 3)? as u32, int(n.div_ceil(4))? as u32);
-        self.launch_grouped(&f, grid, w, n, act, chunks, y)
+        self.launch_grouped(&f, grid, (w, n), act, chunks, y)
     }
 }
 
