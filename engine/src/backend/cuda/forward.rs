@@ -176,7 +176,7 @@ impl Backend for CudaBackend {
     }
 
     fn moe(&self, p: &CudaPass, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
-        let mut y = self.gpu.moe(x, e)?;
+        let mut y = self.gpu.moe_runs(x, e, &p.runs)?;
         if let Some(s) = &e.shared {
             let [g, u] = self.matmul_many(p, [&s.gate, &s.up], x)?;
             let o = self.gated_matmul(p, g, &u, Gate::Silu, &s.down)?;

@@ -23,6 +23,7 @@ mod graph;
 mod hybrid;
 mod kv;
 mod mmq;
+mod mmq_id;
 mod moe;
 mod ops;
 mod pass;
@@ -50,6 +51,8 @@ mod tests_mmq;
 mod tests_model;
 #[cfg(test)]
 mod tests_moe;
+#[cfg(test)]
+mod tests_moe_mmq;
 #[cfg(test)]
 mod tests_ops;
 

@@ -24,13 +24,18 @@
 //! through the backend's matmuls), its output times sigmoid(x · `ffn_gate_inp_shexp`)
 //! added to their sum (`shared_gate_add`, `kernels/hybrid.cu`).
 //!
-//! Prefill takes the same chunked GEMV (an expert's weights are read once per eight of
-//! its rows; no grouped tensor-core MMQ yet).
+//! A pass's rows of long prefill chunks (`ExpertMatmul::Mmq`) take the grouped
+//! tensor-core MMQ instead (`mmq_id.rs`): `moe_tiles` cuts each expert's sorted rows into
+//! tiles of up to 64, and each tile is multiplied by its expert's rows, the weights read
+//! once per 64 rows; a stack whose format has no MMQ body keeps `gemv_id`.
+
+use std::ops::Range;
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use super::device::{Gpu, drv};
 use super::formats::type_index;
+use super::mmq_id::has_mmq_id_kernel;
 use super::ops::{ActFormat, DeviceAct, blocks_of, int, shape};
 use super::programs::{GEMV, MOE};
 use super::weights::{DeviceWeights, MatrixBytes};
@@ -61,6 +66,18 @@ const ID: [&str; 15] = [
     "gemv_id_bf16",
     "gemv_id_mxfp4",
 ];
+
+/// How the experts' matrices multiply a pass's rows: each row's arithmetic is fixed by
+/// this choice alone, never by the other rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertMatmul {
+    /// The grouped GEMV (`gemv_id`): decode rows and short chunks.
+    Gemv,
+    /// The grouped tensor-core MMQ (`mmq_id`) for the stacks whose format has a kernel,
+    /// the grouped GEMV for the others: long prefill chunks (`gemm_min_rows`), on devices
+    /// with int8 `mma.sync` (`Gpu::has_mmq`).
+    Mmq,
+}
 
 /// One layer's router and expert stacks on the device.
 pub struct DeviceExperts {
@@ -178,9 +195,54 @@ impl DeviceExperts {
     }
 }
 
+/// A pass's runs of rows (`CudaPass::runs`: a range and whether it is a long prefill
+/// chunk's) grouped into maximal ranges of one `ExpertMatmul`: long chunks take the MMQ
+/// where the device has it (`mmq`), everything else the GEMV.
+pub(super) fn expert_runs(runs: &[(Range<usize>, bool)], mmq: bool) -> Vec<(Range<usize>, ExpertMatmul)> {
+    let mut out: Vec<(Range<usize>, ExpertMatmul)> = Vec::new();
+    for (rows, long) in runs {
+        let how = if *long && mmq { ExpertMatmul::Mmq } else { ExpertMatmul::Gemv };
+        match out.last_mut() {
+            Some((r, h)) if *h == how && r.end == rows.start => r.end = rows.end,
+            _ => out.push((rows.clone(), how)),
+        }
+    }
+    out
+}
+
 impl Gpu {
-    /// The mixture of experts of the normed rows `x` (`[tokens][hidden]`).
-    pub fn moe(&self, x: &CudaSlice<f32>, e: &DeviceExperts) -> Result<CudaSlice<f32>> {
+    /// The mixture of experts of a pass's rows `x`, each run of rows by its own
+    /// `ExpertMatmul` (`expert_runs`); a pass of several copies each run's rows out and
+    /// its results back, so a row's result is the same whatever else the pass holds.
+    pub fn moe_runs(
+        &self,
+        x: &CudaSlice<f32>,
+        e: &DeviceExperts,
+        runs: &[(Range<usize>, bool)],
+    ) -> Result<CudaSlice<f32>> {
+        let groups = expert_runs(runs, self.has_mmq());
+        if let [(_, how)] = groups[..] {
+            return self.moe(x, e, how);
+        }
+        let h = e.hidden;
+        // SAFETY: every row of y belongs to one run (the runs cover the pass's rows) and
+        // is written by its copy below before anything reads it.
+        let mut y = unsafe { self.stream.alloc::<f32>(x.len()) }.map_err(drv("alloc moe"))?;
+        for (rows, how) in groups {
+            shape(rows.end * h <= x.len(), || format!("rows {rows:?} of {} values", x.len()))?;
+            // SAFETY: plain floats, all written by the copy that follows.
+            let mut part = unsafe { self.stream.alloc::<f32>(rows.len() * h) }.map_err(drv("alloc moe"))?;
+            self.stream.memcpy_dtod(&x.slice(rows.start * h..rows.end * h), &mut part).map_err(drv("copy moe rows"))?;
+            let out = self.moe(&part, e, how)?;
+            let mut dst = y.slice_mut(rows.start * h..rows.end * h);
+            self.stream.memcpy_dtod(&out, &mut dst).map_err(drv("copy moe rows"))?;
+        }
+        Ok(y)
+    }
+
+    /// The mixture of experts of the normed rows `x` (`[tokens][hidden]`), the experts'
+    /// matrices multiplied by `how`.
+    pub fn moe(&self, x: &CudaSlice<f32>, e: &DeviceExperts, how: ExpertMatmul) -> Result<CudaSlice<f32>> {
         let (h, MoeConfig { experts, used, width, .. }) = (e.hidden, e.moe);
         shape(x.len().is_multiple_of(h), || format!("x has {} values, rows of {h}", x.len()))?;
         let tokens = x.len() / h;
@@ -230,6 +292,13 @@ impl Gpu {
         // block's 256 threads, the kernel's shared counts); pos and sorted hold `pairs`,
         // chunks 3 * max_chunks, enough for any routing.
         unsafe { b.launch(cfg((1, 1), 256)?) }.map_err(drv("moe_sort"))?;
+        let grouped = |w: &DeviceWeights| how == ExpertMatmul::Mmq && has_mmq_id_kernel(w.dtype());
+        let tiles = if e.stacks.iter().any(grouped) { Some(self.moe_tiles(&ids, pairs, experts)?) } else { None };
+        // One stack's product of the sorted rows: the tiles' MMQ or the chunks' GEMV.
+        let matmul = |w: &DeviceWeights, n: usize, act: &DeviceAct, y: &mut CudaSlice<f32>| match &tiles {
+            Some(t) if grouped(w) => self.mmq_id(w, n, act, t, y),
+            _ => self.gemv_id(w, n, act, &chunks, y),
+        };
 
         let mut xs = alloc_f(pairs * h)?;
         let f = self.function(&MOE, "moe_gather")?;
@@ -247,16 +316,16 @@ impl Gpu {
         let mut ax = DeviceAct::alloc(self, act_of(gate_w)?, pairs, h)?;
         self.quantize(&xs, &mut ax)?;
         let (mut gate, mut up) = (alloc_f(pairs * width)?, alloc_f(pairs * width)?);
-        self.gemv_id(gate_w, width, &ax, &chunks, &mut gate)?;
+        matmul(gate_w, width, &ax, &mut gate)?;
         if act_of(up_w)? != ax.format {
             ax = DeviceAct::alloc(self, act_of(up_w)?, pairs, h)?;
             self.quantize(&xs, &mut ax)?;
         }
-        self.gemv_id(up_w, width, &ax, &chunks, &mut up)?;
+        matmul(up_w, width, &ax, &mut up)?;
         let mut ah = DeviceAct::alloc(self, act_of(down_w)?, pairs, width)?;
         self.gate_quantize(&gate, &up, gate_kind, &mut ah)?;
         let mut down = alloc_f(pairs * h)?;
-        self.gemv_id(down_w, h, &ah, &chunks, &mut down)?;
+        matmul(down_w, h, &ah, &mut down)?;
 
         let mut y = alloc_f(tokens * h)?;
         let f = self.function(&MOE, "moe_sum")?;
@@ -279,28 +348,25 @@ impl Gpu {
         chunks: &CudaSlice<i32>,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        shape(act.k == w.k && y.len() >= act.rows * n && w.n.is_multiple_of(n), || {
-            format!("{} activation rows of {} into rows of {n}, weights k = {}", act.rows, act.k, w.k)
-        })?;
         let f = self.function(&GEMV, ID[type_index(w.dtype())?])?;
-        let kb = w.k / act.format.block();
-        let (ni, kbi, ki) = (int(n)?, int(kb)?, int(w.k)?);
-        const WARPS: usize = 4;
-        let cfg = LaunchConfig {
-            grid_dim: (int(chunks.len() / 3)? as u32, int(n.div_ceil(WARPS))? as u32, 1),
-            block_dim: (WARPS as u32 * 32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let bias = w.bias_ptr(&self.stream);
-        let a = act.rows_from(0);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&w.qs).arg(&w.d).arg(&w.m).arg(&w.aux);
-        a.push(&mut b);
-        b.arg(y).arg(&bias).arg(&ni).arg(&kbi).arg(&ki).arg(chunks);
-        // SAFETY: the stack holds w.n rows of kb blocks and every chunk's expert names one
-        // of its w.n / n matrices (the router picks among `experts`); the chunks cover
-        // rows below act.rows (the pairs `moe_sort` placed), and y holds act.rows * n.
-        unsafe { b.launch(cfg) }.map_err(drv("gemv_id"))?;
-        Ok(())
+        // Four warps a block, one an output row.
+        let grid = (int(chunks.len() / 3)? as u32, int(n.div_ceil(4))? as u32);
+        self.launch_grouped(&f, grid, (w, n), act, chunks, y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_chunks_take_the_mmq_where_the_device_has_it_and_neighbours_join() {
+        use ExpertMatmul::{Gemv, Mmq};
+        // decode rows, a long chunk, another long chunk, two decode rows.
+        let runs = [(0..3, false), (3..40, true), (40..90, true), (90..92, false)];
+        assert_eq!(expert_runs(&runs, true), vec![(0..3, Gemv), (3..90, Mmq), (90..92, Gemv)]);
+        assert_eq!(expert_runs(&runs, false), vec![(0..92, Gemv)]);
+        assert_eq!(expert_runs(&[(0..512, true)], true), vec![(0..512, Mmq)]);
+        assert!(expert_runs(&[], true).is_empty());
     }
 }

@@ -24,7 +24,10 @@ pub const GEMV: Program = Program {
         ("gemv_id.cu", include_str!("kernels/gemv_id.cu")),
     ],
 };
-pub const MMQ: Program = Program { name: "mmq", files: &[("mmq.cu", include_str!("kernels/mmq.cu"))] };
+pub const MMQ: Program = Program {
+    name: "mmq",
+    files: &[("mmq.cu", include_str!("kernels/mmq.cu")), ("mmq_id.cu", include_str!("kernels/mmq_id.cu"))],
+};
 pub const OPS: Program = Program { name: "ops", files: &[("ops.cu", include_str!("kernels/ops.cu"))] };
 pub const EMBED: Program = Program { name: "embed", files: &[("embed.cu", include_str!("kernels/embed.cu"))] };
 pub const ATTENTION: Program = Program {
@@ -35,7 +38,10 @@ pub const ATTENTION: Program = Program {
         ("flashdec.cu", include_str!("kernels/flashdec.cu")),
     ],
 };
-pub const MOE: Program = Program { name: "moe", files: &[("moe.cu", include_str!("kernels/moe.cu"))] };
+pub const MOE: Program = Program {
+    name: "moe",
+    files: &[("moe.cu", include_str!("kernels/moe.cu")), ("moe_tiles.cu", include_str!("kernels/moe_tiles.cu"))],
+};
 pub const HYBRID: Program = Program { name: "hybrid", files: &[("hybrid.cu", include_str!("kernels/hybrid.cu"))] };
 pub const PREFILL: Program = Program { name: "prefill", files: &[("prefill.cu", include_str!("kernels/prefill.cu"))] };
 

@@ -4,7 +4,7 @@
 //! Rows of a pass share experts and chunks of the grouped GEMV; each row's output must
 //! be its own route's.
 
-use super::moe::DeviceExperts;
+use super::moe::{DeviceExperts, ExpertMatmul};
 use super::tests::{down, gpu, rel_err, up};
 use crate::config::{MoeConfig, MoeKind};
 use crate::kernels::moe::Experts;
@@ -13,7 +13,7 @@ use crate::kernels::moe::tests::{E, H, W, file};
 /// The routes agree exactly (the router's logits are the CPU's, bit for bit); the
 /// experts' sums differ in f32 order and the gated values by libm's exp against CUDA's
 /// (a last-bit difference may move one int8 step of the down stack's activations).
-const MOE_BOUND: f64 = 2e-3;
+pub(super) const MOE_BOUND: f64 = 2e-3;
 
 #[test]
 fn cuda_moe_matches_cpu() {
@@ -27,7 +27,7 @@ fn cuda_moe_matches_cpu() {
         for rows in [1, 37] {
             let x: Vec<f32> = (0..rows * H).map(|i| ((i * 7919 % 1000) as f32 / 250.0) - 2.0).collect();
             let want = cpu.forward(&x).expect("CPU forward");
-            let got = down(g, &g.moe(&up(g, &x), &dev).expect("moe"));
+            let got = down(g, &g.moe(&up(g, &x), &dev, ExpertMatmul::Gemv).expect("moe"));
             rel_err(&format!("moe {kind:?} rows={rows}"), &got, &want, MOE_BOUND);
         }
     }

@@ -165,7 +165,7 @@ impl Experts {
     }
 
     /// A row's experts and weights, in the order their outputs are summed.
-    fn route(&self, x: &[f32]) -> Vec<(usize, f32)> {
+    pub(crate) fn route(&self, x: &[f32]) -> Vec<(usize, f32)> {
         match self.kind {
             MoeKind::Qwen3 => route::route(&self.logits(x), self.used),
             MoeKind::GptOss => route::route_softmax_weight(&self.logits(x), self.used),

@@ -31,6 +31,16 @@ fn q8_0(n: usize, seed: usize) -> Vec<u8> {
     out
 }
 
+/// `n` Q4_0 blocks, d = 2^-4, random nibbles.
+fn q4_0(n: usize, seed: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in 0..n {
+        out.extend(0x2c00u16.to_le_bytes());
+        out.extend((0..16).map(|j| noise(seed + b * 16 + j) as u8));
+    }
+    out
+}
+
 /// `n` MXFP4 blocks, exponents 120..=123 (scales 2^-8..2^-5), random nibbles.
 fn mxfp4(n: usize, seed: usize) -> Vec<u8> {
     let mut out = Vec::new();
@@ -52,8 +62,18 @@ pub(crate) fn file(kind: MoeKind) -> Gguf {
     file_with(kind, Vec::new())
 }
 
+/// qwen3moe's `file` with Q4_0 experts.
+pub(crate) fn file_q4_0() -> Gguf {
+    stacks_file(MoeKind::Qwen3, true, Vec::new())
+}
+
 /// `file`'s tensors and `extra`.
 fn file_with(kind: MoeKind, extra: Vec<(&str, Vec<u64>, u32, Vec<u8>)>) -> Gguf {
+    stacks_file(kind, false, extra)
+}
+
+/// `file_with`, qwen3moe's experts Q4_0 if `q4`.
+fn stacks_file(kind: MoeKind, q4: bool, extra: Vec<(&str, Vec<u64>, u32, Vec<u8>)>) -> Gguf {
     let (h, w, e) = (H as u64, W as u64, E as u64);
     let mut tensors: Vec<(&str, Vec<u64>, u32, Vec<u8>)> =
         vec![("blk.0.ffn_gate_inp.weight", vec![h, e], 0, f32s(E * H, 0))];
@@ -61,6 +81,7 @@ fn file_with(kind: MoeKind, extra: Vec<(&str, Vec<u64>, u32, Vec<u8>)>) -> Gguf 
     let dims = [vec![h, w, e], vec![h, w, e], vec![w, h, e]];
     for ((name, dims), seed) in names.iter().zip(dims).zip([1_000, 50_000, 90_000]) {
         let (ty, bytes) = match kind {
+            MoeKind::Qwen3 if q4 => (2, q4_0(E * W * H / 32, seed)),
             MoeKind::Qwen3 => (8, q8_0(E * W * H / 32, seed)),
             MoeKind::GptOss => (39, mxfp4(E * W * H / 32, seed)),
         };

@@ -8,7 +8,12 @@
 // MT x NT tiles of mma m16n8 (M: weight rows, N: activation rows, K: 32 values of one
 // block; Q6_K's groups of 16 take the k16 shape). Fragments are loaded from global
 // memory (L1 and L2 serve the reuse between warps and CTAs). Rows past the end read the
-// last row and are not stored, so every lane takes part in every mma.
+// last row and are not stored, so every lane takes part in every mma. Each output is
+// the same f32 sequence whatever its tile neighbours: per block (or super-block) in
+// order, acc = fma(d_w * d_a, exact integer sum, acc), so a row's result does not depend
+// on the other rows of the launch. The grouped kernels (`mmq_id.cu`) take the same
+// bodies with the weights offset to an expert's rows (`w0`) and a gpt-oss bias added as
+// each output is stored.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k32 .s8; g = lane / 4, q = lane % 4):
 //   A (16 x 32, row-major): a0 = row g, k 4q..4q+3; a1 = row g+8, same k;
@@ -24,6 +29,12 @@ struct MArgs {
     const u8* qs; const float* d; const float* m; const u8* aux;
     const i8* aq; const float* ad; const float* as; const int* abs;
     float* y; int n; int kb; int rows;
+    // Added to each output as it is stored (row w0 + r of a stacked `[experts][n]` bias),
+    // or null.
+    const float* bias;
+    // The weights' first row (an expert's in a stack of experts * n rows); the tile of 64
+    // activation rows this CTA covers.
+    int w0; int ty;
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const int (&a)[4], int b0, int b1) {
@@ -67,11 +78,11 @@ __device__ __forceinline__ Tile tile(const MArgs& a) {
     t.g = lane >> 2;
     t.q = lane & 3;
     t.rbase = blockIdx.x * 64 + (warp >> 1) * 32;
-    t.tbase = blockIdx.y * 64 + (warp & 1) * 32;
+    t.tbase = a.ty * 64 + (warp & 1) * 32;
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) t.wr[mi][h] = min(t.rbase + 16 * mi + t.g + 8 * h, a.n - 1);
+        for (int h = 0; h < 2; h++) t.wr[mi][h] = a.w0 + min(t.rbase + 16 * mi + t.g + 8 * h, a.n - 1);
 #pragma unroll
     for (int ni = 0; ni < NT; ni++) {
         t.tb[ni] = min(t.tbase + 8 * ni + t.g, a.rows - 1);
@@ -90,12 +101,16 @@ __device__ __forceinline__ void store(const MArgs& a, const Tile& t, const float
             for (int e4 = 0; e4 < 4; e4++) {
                 const int row = t.rbase + 16 * mi + t.g + 8 * (e4 >> 1);
                 const int tok = t.tbase + 8 * ni + 2 * t.q + (e4 & 1);
-                if (row < a.n && tok < a.rows) a.y[(size_t)tok * a.n + row] = acc[mi][ni][e4];
+                if (row < a.n && tok < a.rows) {
+                    const float v = acc[mi][ni][e4];
+                    a.y[(size_t)tok * a.n + row] = a.bias ? __fadd_rn(v, a.bias[a.w0 + row]) : v;
+                }
             }
 }
 
 // Values 4q..4q+3 (lo) and 16+4q..16+4q+3 (hi) of block `blk` as signed bytes.
-// Types: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0.
+// Types: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q8_0, 7 IQ4_NL, 14 MXFP4 (the nibbles index their
+// tables of signed bytes, as in the GEMV's `item32`).
 template <int T>
 __device__ __forceinline__ void wfrag32(const MArgs& a, size_t blk, int q, int& lo, int& hi) {
     if (T == 3) {
@@ -113,6 +128,14 @@ __device__ __forceinline__ void wfrag32(const MArgs& a, size_t blk, int q, int& 
     if (T == 0) {
         l = __vsub4(l, 0x08080808u);
         h = __vsub4(h, 0x08080808u);
+    }
+    if (T == 7) {
+        l = (u32)iq4_lookup4(l);
+        h = (u32)iq4_lookup4(h);
+    }
+    if (T == 14) {
+        l = (u32)mxfp4_lookup4(l);
+        h = (u32)mxfp4_lookup4(h);
     }
     lo = (int)l;
     hi = (int)h;
@@ -314,7 +337,8 @@ __device__ __forceinline__ void mmq_q6k(const MArgs& a) {
         NAME(const u8* qs, const float* d, const float* m, const u8* aux, const i8* aq,     \
              const float* ad, const float* as, const int* abs, float* y, int n, int kb,     \
              int rows) {                                                                    \
-        const MArgs a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows};                   \
+        const MArgs a = {qs, d, m, aux, aq, ad, as, abs, y, n, kb, rows, nullptr, 0,        \
+                         (int)blockIdx.y};                                                  \
         MMQ_BODY(BODY);                                                                     \
     }
 
