@@ -302,7 +302,9 @@ fn cuda_quantize_matches_cpu_exactly() {
     }
 }
 
-/// Every kernel program compiles with NVRTC for Ampere, Ada and Hopper (no GPU needed).
+/// Every kernel program compiles with NVRTC for Ampere and Hopper (no GPU needed). The
+/// sources branch on the architecture only at sm_80, so Ada (sm_89) takes Ampere's code;
+/// its own ptxas run would add a third of this test's minutes to CI for no new path.
 #[test]
 fn cuda_kernels_compile() {
     let present = Presence::probe().nvrtc;
@@ -313,7 +315,7 @@ fn cuda_kernels_compile() {
         println!("skipped: {} not found", Library::Nvrtc);
         return;
     }
-    for arch in ["sm_80", "sm_89", "sm_90"] {
+    for arch in ["sm_80", "sm_90"] {
         for p in programs::ALL {
             let t = std::time::Instant::now();
             let cubin = compile_cubin(p, arch).unwrap_or_else(|e| panic!("{e}"));
