@@ -33,8 +33,8 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use half::vec::HalfBitsVecExt;
 
-use crate::checkpoint;
-use crate::recurrent::{RecurrentShape, RecurrentState};
+use crate::error::Result;
+use crate::recurrent::RecurrentState;
 
 /// Positions per block.
 pub const BLOCK_TOKENS: usize = 32;
@@ -93,7 +93,26 @@ impl KvBlock {
 /// `len`. The backend owns what `data` is.
 pub struct Mirror {
     pub len: usize,
-    pub data: Box<dyn Any + Send + Sync>,
+    pub data: Box<dyn MirrorData>,
+}
+
+/// What a backend keeps of a sequence (its `Mirror`).
+pub trait MirrorData: Any + Send + Sync {
+    /// Copy the sequence's live recurrent state, newer here than on the host
+    /// (`SeqCache::leave_state_on_device`), into `host`.
+    fn fetch_state(&mut self, host: &mut RecurrentState) -> Result<()>;
+}
+
+impl dyn MirrorData {
+    /// The backend's data, if it is a `T`.
+    pub fn downcast_mut<T: Any>(&mut self) -> Option<&mut T> {
+        (self as &mut dyn Any).downcast_mut()
+    }
+
+    /// The backend's data, if it is a `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        (self as &dyn Any).downcast_ref()
+    }
 }
 
 /// One plane (a layer's K or V) of consecutive blocks: (the block's first position, its
@@ -111,10 +130,18 @@ pub struct SeqCache {
     /// Snapshots of the recurrent state, ascending positions `<= len` (none without a
     /// state). A snapshot at `len` is the same `Arc` as `recurrent` until a pass writes.
     checkpoints: Vec<(usize, Arc<RecurrentState>)>,
+    /// The live recurrent state is newer in the mirror than in `recurrent` (`kv_state`).
+    state_on_device: bool,
 }
 
 impl Clone for SeqCache {
+    /// The same positions and states (without the mirror); a live recurrent state left
+    /// on the device cannot be copied from here, so then the copy keeps only the positions
+    /// up to the newest checkpoint (a fork).
     fn clone(&self) -> Self {
+        if self.state_on_device {
+            return self.fork(self.len);
+        }
         Self {
             shape: self.shape,
             blocks: self.blocks.clone(),
@@ -122,109 +149,22 @@ impl Clone for SeqCache {
             mirror: None,
             recurrent: self.recurrent.clone(),
             checkpoints: self.checkpoints.clone(),
+            state_on_device: false,
         }
     }
 }
 
 impl SeqCache {
     pub fn new(shape: KvShape) -> Self {
-        Self { shape, blocks: Vec::new(), len: 0, mirror: None, recurrent: None, checkpoints: Vec::new() }
-    }
-
-    /// The recurrent state to update in this pass, made first (zeros) for a sequence
-    /// that has none and no positions. `None` for a sequence with positions but no state,
-    /// which a hybrid model cannot continue.
-    pub(crate) fn recurrent_mut(&mut self, shape: RecurrentShape) -> Option<&mut RecurrentState> {
-        if self.recurrent.is_none() && self.len == 0 {
-            self.recurrent = Some(Arc::new(RecurrentState::new(shape)));
+        Self {
+            shape,
+            blocks: Vec::new(),
+            len: 0,
+            mirror: None,
+            recurrent: None,
+            checkpoints: Vec::new(),
+            state_on_device: false,
         }
-        let state = Arc::make_mut(self.recurrent.as_mut()?);
-        (state.shape() == shape).then_some(state)
-    }
-
-    /// Give a sequence with no positions its first recurrent state (zeros), as
-    /// `recurrent_mut` would, without touching a state it has. Returns whether the
-    /// sequence has a state of `shape` now (false: positions but no state, which a hybrid
-    /// model cannot continue).
-    pub(crate) fn ensure_recurrent(&mut self, shape: RecurrentShape) -> bool {
-        if self.recurrent.is_none() && self.len == 0 {
-            self.recurrent = Some(Arc::new(RecurrentState::new(shape)));
-        }
-        self.recurrent.as_ref().is_some_and(|r| r.shape() == shape)
-    }
-
-    /// The current recurrent state, if any.
-    pub(crate) fn recurrent(&self) -> Option<&RecurrentState> {
-        self.recurrent.as_deref()
-    }
-
-    /// The current recurrent state to overwrite (copied first if shared), if any.
-    pub(crate) fn recurrent_write(&mut self) -> Option<&mut RecurrentState> {
-        self.recurrent.as_mut().map(Arc::make_mut)
-    }
-
-    /// Forget everything (a hybrid model's pass that failed after writing its state).
-    pub(crate) fn clear(&mut self) {
-        self.truncate(0);
-        self.recurrent = None;
-        self.checkpoints.clear();
-    }
-
-    /// How many of the first `n` positions a fork would keep: `n` (clamped to `len`),
-    /// except that a sequence with recurrent state keeps those up to its newest state at
-    /// or below `n` (a checkpoint, or `len` itself), or none.
-    pub fn restorable(&self, n: usize) -> usize {
-        let n = n.min(self.len);
-        match &self.recurrent {
-            Some(_) => checkpoint::restorable(self.state_positions(), n),
-            None => n,
-        }
-    }
-
-    /// Positions at which this sequence has a recurrent state: its checkpoints, then
-    /// `len` (empty without a state).
-    pub fn state_positions(&self) -> impl Iterator<Item = usize> + '_ {
-        let live = self.recurrent.as_ref().map(|_| self.len);
-        self.checkpoints.iter().map(|c| c.0).filter(move |&p| Some(p) != live).chain(live)
-    }
-
-    /// The recurrent states with their positions, ascending, the last at `len` (for
-    /// persistence; empty for a sequence without one).
-    pub fn states(&self) -> impl Iterator<Item = (usize, &RecurrentState)> + '_ {
-        let live = self.recurrent.as_ref().map(|r| (self.len, &**r));
-        let len = self.len;
-        self.checkpoints.iter().filter(move |c| c.0 < len).map(|(p, r)| (*p, &**r)).chain(live)
-    }
-
-    /// The state after exactly `n` positions, if this sequence has one there.
-    fn state_at(&self, n: usize) -> Option<Arc<RecurrentState>> {
-        match &self.recurrent {
-            Some(r) if n == self.len => Some(r.clone()),
-            _ => self.checkpoints.iter().find(|c| c.0 == n).map(|c| c.1.clone()),
-        }
-    }
-
-    /// Keep a snapshot of the current recurrent state at `len` (no-op without a state).
-    /// Thinned as `checkpoint::thin` says.
-    pub(crate) fn checkpoint(&mut self) {
-        let Some(r) = &self.recurrent else { return };
-        if self.len == 0 || self.checkpoints.last().is_some_and(|c| c.0 >= self.len) {
-            return;
-        }
-        self.checkpoints.push((self.len, r.clone()));
-        checkpoint::thin(&mut self.checkpoints);
-    }
-
-    /// Give a sequence (of restored KV) its recurrent states, ascending positions, the
-    /// last at `len`. Returns false (and changes nothing) if they do not fit that rule.
-    pub fn set_states(&mut self, mut states: Vec<(usize, Arc<RecurrentState>)>) -> bool {
-        let ascending = states.windows(2).all(|w| w[0].0 < w[1].0);
-        if !ascending || states.last().is_none_or(|l| l.0 != self.len) || states[0].0 == 0 {
-            return false;
-        }
-        self.recurrent = states.pop().map(|s| s.1);
-        self.checkpoints = states;
-        true
     }
 
     /// The backend's copy of this sequence, if it has one.
@@ -254,6 +194,7 @@ impl SeqCache {
         let n = self.restorable(n);
         if self.recurrent.is_some() {
             self.recurrent = self.state_at(n);
+            self.state_on_device = false;
             self.checkpoints.retain(|c| c.0 <= n);
         }
         self.len = n;
@@ -274,6 +215,7 @@ impl SeqCache {
             mirror: None,
             recurrent: if n > 0 { self.state_at(n) } else { None },
             checkpoints: self.checkpoints.iter().filter(|c| c.0 <= n).cloned().collect(),
+            state_on_device: false,
         }
     }
 
@@ -428,9 +370,14 @@ impl SeqCache {
             }
             blocks.push(Arc::new(blk));
         }
-        Ok(SeqCache { shape, blocks, len: n, mirror: None, recurrent: None, checkpoints: Vec::new() })
+        let mut c = SeqCache::new(shape);
+        (c.blocks, c.len) = (blocks, n);
+        Ok(c)
     }
 }
+
+#[path = "kv_state.rs"]
+mod state;
 
 #[cfg(test)]
 #[path = "kv_tests.rs"]

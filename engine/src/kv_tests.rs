@@ -1,4 +1,5 @@
 use super::*;
+use crate::recurrent::RecurrentShape;
 
 const SHAPE: KvShape = KvShape { n_layers: 2, kv_dim: 4 };
 
@@ -201,4 +202,53 @@ fn layers_written_at_once_equal_layer_by_layer() {
             }
         }
     }
+}
+
+/// A backend's mirror for tests: the "device" copy of the live state.
+struct DeviceCopy(RecurrentState);
+
+impl MirrorData for DeviceCopy {
+    fn fetch_state(&mut self, host: &mut RecurrentState) -> Result<()> {
+        let (conv, ssm) = host.parts_mut();
+        conv.copy_from_slice(self.0.conv());
+        ssm.copy_from_slice(self.0.ssm());
+        Ok(())
+    }
+}
+
+/// A live state left on the device: nothing reads the stale host copy (states, clones
+/// and forks fall back to the newest checkpoint); a checkpoint or `settle` fetches it.
+#[test]
+fn a_state_left_on_the_device_is_fetched_before_the_host_reads_it() {
+    let mut a = SeqCache::new(SHAPE);
+    run_hybrid(&mut a, 40);
+    a.checkpoint();
+    // A "GPU pass" of 8 more positions: the device's state counts 48, the host's 40.
+    let mut device = a.recurrent().expect("a state").clone();
+    device.layer_mut(0).0[0] = 48.0;
+    a.reserve(8);
+    a.commit(8);
+    *a.mirror_mut() = Some(Mirror { len: 48, data: Box::new(DeviceCopy(device)) });
+    a.leave_state_on_device();
+    assert!(a.state_on_device());
+    assert_eq!(a.state_positions().collect::<Vec<_>>(), vec![40], "the stale live state is not offered");
+    assert_eq!((a.restorable(48), a.clone().len(), a.fork(48).len()), (40, 40, 40));
+    assert_eq!(counted(&a.clone()), Some(40.0), "a clone restores the checkpoint");
+    a.settle().expect("fetched");
+    assert!(!a.state_on_device());
+    assert_eq!((a.restorable(48), counted(&a), counted(&a.clone())), (48, Some(48.0), Some(48.0)));
+    assert_eq!(counted(&a.fork(40)), Some(40.0), "the checkpoint kept its own values");
+
+    // A checkpoint settles first; a cut back to a checkpoint leaves the host the truth.
+    let device = a.recurrent().expect("a state").clone();
+    a.leave_state_on_device();
+    if let Some(m) = a.mirror_mut() {
+        m.data = Box::new(DeviceCopy(device));
+    }
+    a.checkpoint();
+    assert!(!a.state_on_device());
+    assert_eq!(a.state_positions().collect::<Vec<_>>(), vec![40, 48]);
+    a.leave_state_on_device();
+    a.truncate(47);
+    assert_eq!((a.len(), a.state_on_device(), counted(&a)), (40, false, Some(40.0)));
 }

@@ -414,8 +414,14 @@ impl Sequence {
     }
 
     /// The outcome and the cache (the prompt plus every generated token but the last,
-    /// whose KV was never computed).
-    pub fn into_parts(self) -> (Outcome, SeqCache) {
+    /// whose KV was never computed), its recurrent state fetched from the device if a
+    /// pass left it there (a cache whose state cannot be fetched is emptied: the prompt
+    /// cache must not keep positions without their state).
+    pub fn into_parts(mut self) -> (Outcome, SeqCache) {
+        if let Err(e) = self.cache.settle() {
+            tracing::warn!(error = %e, "recurrent state not fetched from the device; its cache entry is dropped");
+            self.cache.clear();
+        }
         (self.out, self.cache)
     }
 }

@@ -358,8 +358,8 @@ fn cuda_verify_rows_equal_decode_steps() {
     }
 }
 
-/// A hybrid model's recurrent state on the GPU (skipped for the other models): after
-/// every pass the host state is the device's (against the CPU's state); a sequence cut
+/// A hybrid model's recurrent state on the GPU (skipped for the other models): passes
+/// leave it on the device, and once fetched it is the CPU's state; a sequence cut
 /// back to a checkpoint (its state restored on the host: the device copy is stale) and
 /// continued gives bit for bit the logits of a GPU sequence that never went past it; and
 /// a fork continues from its own upload.
@@ -384,6 +384,11 @@ fn cuda_hybrid_state_follows_the_host() {
             cpu.forward(&[t], &mut cc, Logits::Last).expect("CPU decode");
             gpu.forward(&[t], &mut gc, Logits::Last).expect("GPU decode");
         }
+        // The passes left the live state on the device: the host offers only the
+        // checkpoint until it is fetched.
+        assert!(gc.state_on_device(), "{}: a pass leaves the state on the device", path.display());
+        assert_eq!(gc.clone().len(), 12, "{}: a clone falls back to the checkpoint", path.display());
+        gc.settle().expect("fetch the state");
         let ((_, want), (_, got)) = (cc.states().last().expect("state"), gc.states().last().expect("state"));
         let err = |a: &[f32], b: &[f32]| {
             let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
