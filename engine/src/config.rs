@@ -259,19 +259,6 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// Why `--device auto` keeps this model off the GPU (with a log line): a family whose
-    /// CUDA path has not yet been proven on a GPU. An explicit `--device cuda:N` still runs
-    /// it there (how its GPU tests load it).
-    pub fn no_gpu_path(&self) -> Option<String> {
-        match self.arch {
-            Arch::Qwen35 | Arch::Qwen35Moe => Some(format!(
-                "{}'s CUDA path (Gated DeltaNet layers) is not yet proven on a GPU: --device cuda:N runs it",
-                self.arch.name()
-            )),
-            _ => None,
-        }
-    }
-
     fn validate(&self) -> Result<()> {
         let bad = |key: &str| Err(Error::Metadata { key: key.to_owned() });
         if self.n_layers == 0 || self.n_layers > 1024 {
@@ -428,41 +415,6 @@ impl AttnTemperature {
 #[cfg(test)]
 mod tests {
     use super::{Arch, AttnTemperature, RopeScaling};
-
-    #[test]
-    fn only_the_families_without_a_cuda_path_stay_off_the_gpu() {
-        let cfg = |arch, rope_scaling, attn_temperature| super::ModelConfig {
-            arch,
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            ffn: 128,
-            vocab: 100,
-            ctx_train: 4096,
-            rms_eps: 1e-5,
-            rope_base: 1e4,
-            rope_scaling,
-            attn_temperature,
-            rope_base_local: 1e4,
-            sliding_window: None,
-            is_swa: vec![false; 2],
-            moe: None,
-            hybrid: None,
-        };
-        let none = RopeScaling::NONE;
-        let yarn = RopeScaling { freq_scale: 0.25, ext_factor: 1.0, ..none };
-        let t = Some(AttnTemperature { scale: 0.1, floor: 16 });
-        for a in Arch::ALL.into_iter().filter(|a| !matches!(a, Arch::Qwen35 | Arch::Qwen35Moe)) {
-            assert_eq!(cfg(a, none, None).no_gpu_path(), None, "{a:?}");
-            assert_eq!(cfg(a, yarn, t).no_gpu_path(), None, "{a:?}: scaled rope and temperature run on the GPU");
-        }
-        let why = cfg(Arch::Qwen35, none, None).no_gpu_path().unwrap_or_default();
-        assert!(why.starts_with("qwen35's CUDA path"), "{why}");
-        let why = cfg(Arch::Qwen35Moe, none, None).no_gpu_path().unwrap_or_default();
-        assert!(why.starts_with("qwen35moe's CUDA path"), "{why}");
-    }
 
     #[test]
     fn attention_temperature_is_one_below_the_floor_then_grows_per_floor_step() {

@@ -34,7 +34,8 @@ pub fn generate(
     obs: &mut dyn Observer,
 ) -> Result<Outcome> {
     let mut seq = Sequence::new(std::mem::replace(cache, model.new_cache()), prompt, params, ctx)?
-        .with_snapshots(model.recurrent());
+        .with_snapshots(model.recurrent())
+        .with_speculation(model.speculates());
     let result = drive(model, tokenizer, &mut seq, obs);
     let (out, c) = seq.into_parts();
     *cache = c;

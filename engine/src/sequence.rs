@@ -244,6 +244,16 @@ impl Sequence {
         self
     }
 
+    /// Whether the model verifies drafts exactly (`Model::speculates`); off, the
+    /// sequence never speculates, whatever the request asked (`usage.speculation` is
+    /// then absent).
+    pub fn with_speculation(mut self, on: bool) -> Self {
+        if !on {
+            self.spec = None;
+        }
+        self
+    }
+
     /// Its next pass carries other sequences too.
     pub fn mark_batched(&mut self) {
         self.out.batched = true;

@@ -83,9 +83,6 @@ impl Model {
 
     /// Load on the chosen device. `Auto` takes GPU 0 when one is usable and says in one
     /// log line why not otherwise; an explicit `cuda:N` that cannot be used is an error.
-    /// A model `ModelConfig::no_gpu_path` keeps off the GPU stays on the CPU under
-    /// `Auto`, and runs on the GPU only when asked for by an explicit `cuda:N` (how its
-    /// GPU path is tested before it is proven).
     pub fn load_on(g: &Gguf, device: DeviceChoice) -> Result<Self> {
         let config = ModelConfig::from_gguf(g)?;
         let gpu = match device {
@@ -93,13 +90,9 @@ impl Model {
             DeviceChoice::Cuda(n) => Some(CudaBackend::open(n)?),
             DeviceChoice::Auto => CudaBackend::try_open_default(),
         };
-        let on_gpu = match (gpu, config.no_gpu_path()) {
-            (None, _) => None,
-            (Some(_), Some(reason)) if device == DeviceChoice::Auto => {
-                tracing::info!(%reason, "model stays on the CPU");
-                None
-            }
-            (Some(b), _) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
+        let on_gpu = match gpu {
+            None => None,
+            Some(b) => match b.check_fit(g.file_len()).and_then(|()| build(b.clone(), g, &config)) {
                 Ok(arch) => Some((arch, b)),
                 Err(e) if device == DeviceChoice::Auto => {
                     tracing::info!(reason = %e, "model cannot run on the GPU, using the CPU");
@@ -179,6 +172,15 @@ impl Model {
     /// sequence restores only from its state checkpoints (`crate::checkpoint`).
     pub fn recurrent(&self) -> bool {
         self.config.hybrid.is_some()
+    }
+
+    /// Whether its sequences may speculate (`crate::speculate`): verifying a draft must
+    /// give exactly the decode steps' logits. Not a hybrid (its state cannot be cut back
+    /// to a rejected draft), and not on the CUDA backend yet: there a verify row's first
+    /// position differed from the decode step on an H100
+    /// (`backend::cuda::tests_model::cuda_verify_rows_equal_decode_steps`).
+    pub fn speculates(&self) -> bool {
+        !self.recurrent() && self.device == DeviceKind::Cpu
     }
 
     /// The recurrent state's shape of a hybrid model (what a cache file's states must match).

@@ -205,7 +205,8 @@ fn admit(cx: &Ctx<'_>, job: Job) -> Option<Active> {
     };
     tracing::debug!(cached = cache.len(), source = ?source, "prompt cache");
     let seq = Sequence::new(cache, &job.prompt, job.params, cx.ctx);
-    match seq.map(|s| s.with_snapshots(cx.engine.model.recurrent())) {
+    let model = &cx.engine.model;
+    match seq.map(|s| s.with_snapshots(model.recurrent()).with_speculation(model.speculates())) {
         Ok(seq) => {
             cx.stats.in_flight.fetch_add(1, Ordering::Relaxed);
             cx.stats.submitted_rows.fetch_add(1, Ordering::Relaxed);
