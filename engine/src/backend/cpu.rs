@@ -7,9 +7,9 @@ use crate::config::{AttnTemperature, MoeConfig};
 use crate::error::Result;
 use crate::gguf::Gguf;
 use crate::kernels::moe::Experts;
-use crate::kernels::ops;
 use crate::kernels::rope::{RopeAngles, RopeStyle, RopeTable};
 use crate::kernels::{AttnSpec, Embedding, Linear, forward_many};
+use crate::kernels::{delta_net, ops};
 
 use super::{Backend, DeltaShape, cpu_hybrid as hybrid};
 
@@ -141,7 +141,7 @@ impl Backend for Cpu {
     }
 
     fn l2_norm_heads(&self, x: &mut Vec<f32>, dims: (usize, usize, usize), eps: f32) -> Result<()> {
-        hybrid::l2_norm(x, dims, eps);
+        delta_net::l2_norm_rows(x, dims, eps);
         Ok(())
     }
 
@@ -162,7 +162,7 @@ impl Backend for Cpu {
     }
 
     fn gated_rms_norm(&self, x: &mut Vec<f32>, w: &Vec<f32>, z: &Vec<f32>, eps: f32) -> Result<()> {
-        hybrid::gated_norm(x, w, z, eps);
+        delta_net::gated_rms_norm(x, w, z, eps);
         Ok(())
     }
 

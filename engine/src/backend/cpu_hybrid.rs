@@ -5,9 +5,12 @@
 use super::DeltaShape;
 use super::batch::Row;
 use crate::error::{Error, Result};
-use crate::kernels::delta_net::{DeltaStep, conv_step, delta_step, l2_norm_heads, sigmoid, silu_rows, softplus};
-use crate::kernels::ops;
+use crate::kernels::delta_net::{
+    DeltaStep, conv_advance, conv_token, delta_step, sigmoid, silu_rows, softplus, taps_first,
+};
+use crate::kernels::{parallel_chunks, parallel_for};
 use crate::recurrent::RecurrentState;
+use std::sync::Mutex;
 
 /// A hybrid sequence with cached positions and no recurrent state cannot continue.
 pub fn missing_state() -> Error {
@@ -22,6 +25,8 @@ fn state<'a>(r: &'a mut Row<'_>, s: &DeltaShape) -> Result<&'a mut RecurrentStat
 }
 
 /// `Backend::ssm_conv`; `spans` are the pass's `(first stacked row, tokens, position)`.
+/// Token by token on the pool (a token's convolution reads inputs only), then each row's
+/// state advanced past its tokens.
 pub(crate) fn conv(
     spans: &[(usize, usize, usize)],
     rows: &mut [Row<'_>],
@@ -30,23 +35,28 @@ pub(crate) fn conv(
     s: &DeltaShape,
 ) -> Result<Vec<f32>> {
     let ch = s.channels();
+    let mut states = Vec::with_capacity(rows.len());
+    for r in rows.iter_mut() {
+        states.push(state(r, s)?.layer_mut(s.slot).0);
+    }
+    // Each stacked token's row and its place in that row's run.
+    let owner: Vec<(usize, usize)> =
+        spans.iter().enumerate().flat_map(|(r, &(_, n, _))| (0..n).map(move |j| (r, j))).collect();
+    let wt = taps_first(w, s.taps);
     let mut out = vec![0.0f32; x.len()];
-    for (r, &(at, n, _)) in rows.iter_mut().zip(spans) {
-        let (conv_state, _) = state(r, s)?.layer_mut(s.slot);
-        for t in at..at + n {
-            let mut y = conv_step(conv_state, w, &x[t * ch..(t + 1) * ch], s.taps);
-            silu_rows(&mut y, ch);
-            out[t * ch..(t + 1) * ch].copy_from_slice(&y);
-        }
+    {
+        let states: &[&mut [f32]] = &states;
+        parallel_chunks(&mut out, ch, x.len() * s.taps, |t, o| {
+            let (r, j) = owner[t];
+            let (at, n, _) = spans[r];
+            conv_token(states[r], &wt, &x[at * ch..(at + n) * ch], j, o);
+            silu_rows(o, ch);
+        });
+    }
+    for (st, &(at, n, _)) in states.iter_mut().zip(spans) {
+        conv_advance(st, &x[at * ch..(at + n) * ch], s.taps);
     }
     Ok(out)
-}
-
-/// `Backend::l2_norm_heads`.
-pub(crate) fn l2_norm(x: &mut [f32], (width, n, head): (usize, usize, usize), eps: f32) {
-    for row in x.chunks_exact_mut(width) {
-        l2_norm_heads(&mut row[..n], head, eps);
-    }
 }
 
 /// `Backend::delta_gates`.
@@ -57,7 +67,20 @@ pub(crate) fn gates(beta: &mut [f32], alpha: &mut [f32], dt_bias: &[f32], a: &[f
     }
 }
 
-/// `Backend::delta_rule`.
+/// One value head of one row through its tokens: the pool's unit of `delta`'s work (the
+/// heads' states and arithmetic are independent).
+struct HeadRun<'a> {
+    state: &'a mut [f32],
+    /// The row's first stacked token and its token count.
+    at: usize,
+    n: usize,
+    head: usize,
+    /// `[token][head_dim]`.
+    out: Vec<f32>,
+}
+
+/// `Backend::delta_rule`: each row's value heads in parallel on the pool, each head's
+/// tokens in order through `delta_step` (its state stays in cache across the run).
 pub(crate) fn delta(
     spans: &[(usize, usize, usize)],
     rows: &mut [Row<'_>],
@@ -66,35 +89,41 @@ pub(crate) fn delta(
     s: &DeltaShape,
 ) -> Result<Vec<f32>> {
     let (ch, kd, vd, vh, dh) = (s.channels(), s.key_dim(), s.value_dim(), s.v_heads, s.head_dim);
-    let mut out = vec![0.0f32; vd * x.len() / ch];
+    let tokens = x.len() / ch;
+    let mut runs = Vec::with_capacity(rows.len() * vh);
     for (r, &(at, n, _)) in rows.iter_mut().zip(spans) {
         let (_, ssm) = state(r, s)?.layer_mut(s.slot);
-        for t in at..at + n {
-            let xt = &x[t * ch..(t + 1) * ch];
-            let (q, k, v) = (&xt[..kd], &xt[kd..2 * kd], &xt[2 * kd..]);
-            let o = &mut out[t * vd..(t + 1) * vd];
-            for (head, (st, o)) in ssm.chunks_exact_mut(dh * dh).zip(o.chunks_exact_mut(dh)).enumerate() {
-                let kh = (head % s.k_heads) * dh;
+        for (head, st) in ssm.chunks_exact_mut(dh * dh).enumerate() {
+            runs.push(Mutex::new(HeadRun { state: st, at, n, head, out: Vec::new() }));
+        }
+    }
+    parallel_for(runs.len(), tokens * vh * dh * dh, |range| {
+        for i in range {
+            let mut run = runs[i].lock().unwrap_or_else(|e| e.into_inner());
+            let HeadRun { state, at, n, head, out } = &mut *run;
+            let (kh, vh0) = ((*head % s.k_heads) * dh, *head * dh);
+            *out = vec![0.0f32; *n * dh];
+            for (t, o) in (*at..*at + *n).zip(out.chunks_exact_mut(dh)) {
+                let xt = &x[t * ch..(t + 1) * ch];
                 let step = DeltaStep {
-                    q: &q[kh..kh + dh],
-                    k: &k[kh..kh + dh],
-                    v: &v[head * dh..(head + 1) * dh],
-                    g: decay[t * vh + head],
-                    beta: beta[t * vh + head],
+                    q: &xt[kh..kh + dh],
+                    k: &xt[kd + kh..kd + kh + dh],
+                    v: &xt[2 * kd + vh0..2 * kd + vh0 + dh],
+                    g: decay[t * vh + *head],
+                    beta: beta[t * vh + *head],
                 };
-                delta_step(st, &step, o);
+                delta_step(state, &step, o);
             }
+        }
+    });
+    let mut out = vec![0.0f32; vd * tokens];
+    for run in runs {
+        let run = run.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (t, o) in (run.at..run.at + run.n).zip(run.out.chunks_exact(dh)) {
+            out[t * vd + run.head * dh..][..dh].copy_from_slice(o);
         }
     }
     Ok(out)
-}
-
-/// `Backend::gated_rms_norm`.
-pub(crate) fn gated_norm(x: &mut [f32], w: &[f32], z: &[f32], eps: f32) {
-    ops::rms_norm_inplace(x, w, eps);
-    let mut z = z.to_vec();
-    silu_rows(&mut z, w.len());
-    x.iter_mut().zip(&z).for_each(|(o, z)| *o *= z);
 }
 
 /// `Backend::split_halves`.

@@ -13,24 +13,62 @@
 //! order against that row's own state.
 
 use super::attention::dot_vec_f32;
-use super::ops::{expf, rms_scale};
+use super::ops::{by_rows, expf, rms_scale};
 
 /// One token through the causal convolution of every channel: `state` holds each
 /// channel's last `taps - 1` inputs (`[channel][tap]`, oldest first) and takes `x`
 /// (`[channel]`) in; `w` is `[channel][taps]`. Returns the convolution `[channel]`.
 pub fn conv_step(state: &mut [f32], w: &[f32], x: &[f32], taps: usize) -> Vec<f32> {
-    let keep = taps - 1;
-    let mut out = Vec::with_capacity(x.len());
-    for ((s, w), &x) in state.chunks_exact_mut(keep).zip(w.chunks_exact(taps)).zip(x) {
-        let mut sum = 0.0f32;
-        for (v, c) in s.iter().zip(w) {
-            sum = v.mul_add(*c, sum);
-        }
-        out.push(x.mul_add(w[keep], sum));
-        s.copy_within(1.., 0);
-        s[keep - 1] = x;
-    }
+    let mut out = vec![0.0; x.len()];
+    conv_token(state, &taps_first(w, taps), x, 0, &mut out);
+    conv_advance(state, x, taps);
     out
+}
+
+/// The convolution's weights `[channel][taps]` as `[tap][channel]`, `conv_token`'s layout.
+pub fn taps_first(w: &[f32], taps: usize) -> Vec<f32> {
+    let ch = w.len() / taps;
+    (0..taps).flat_map(|i| (0..ch).map(move |c| w[c * taps + i])).collect()
+}
+
+/// Token `j` of a run of tokens through the causal convolution, the state left as it
+/// was before the run: `state` as `conv_step`'s, `wt` the weights `[tap][channel]`
+/// (`taps_first`), `xs` the run's inputs (`[token][channel]`). Each channel's window is
+/// the state's inputs followed by the run's, so a token needs only inputs, never an
+/// earlier token's result: a run's tokens can be computed in any order, each channel
+/// with `conv_step`'s FMA chain (oldest tap first), a tap across all channels at a time.
+pub fn conv_token(state: &[f32], wt: &[f32], xs: &[f32], j: usize, out: &mut [f32]) {
+    let ch = out.len();
+    let keep = wt.len() / ch - 1;
+    out.fill(0.0);
+    for (i, w) in wt.chunks_exact(ch).enumerate() {
+        let m = j + i;
+        if m < keep {
+            for ((o, s), &w) in out.iter_mut().zip(state.chunks_exact(keep)).zip(w) {
+                *o = s[m].mul_add(w, *o);
+            }
+        } else {
+            for ((o, &x), &w) in out.iter_mut().zip(&xs[(m - keep) * ch..(m - keep + 1) * ch]).zip(w) {
+                *o = x.mul_add(w, *o);
+            }
+        }
+    }
+}
+
+/// Advance the convolution's `state` past a run of inputs `xs` (`[token][channel]`): each
+/// channel keeps its last `taps - 1` inputs, from the run or, for a short run, the state.
+pub fn conv_advance(state: &mut [f32], xs: &[f32], taps: usize) {
+    let keep = taps - 1;
+    let ch = state.len() / keep;
+    let n = xs.len() / ch;
+    for (c, s) in state.chunks_exact_mut(keep).enumerate() {
+        if n < keep {
+            s.copy_within(n.., 0);
+        }
+        for (m, v) in s.iter_mut().enumerate().skip(keep.saturating_sub(n)) {
+            *v = xs[(n + m - keep) * ch + c];
+        }
+    }
 }
 
 /// `x = silu(x)` in rows of `width` (ggml's `ggml_vec_silu_f32` per row: whole 16-wide
@@ -59,6 +97,32 @@ pub fn l2_norm_heads(x: &mut [f32], width: usize, eps: f32) {
             *v = *v * scale * inv;
         }
     }
+}
+
+/// `l2_norm_heads` over the first `n` values of each `width`-wide row of `x` (`dims` is
+/// `(width, n, head)`), rows spread over the pool.
+pub fn l2_norm_rows(x: &mut [f32], (width, n, head): (usize, usize, usize), eps: f32) {
+    by_rows(x, width, 4, |rows, _| {
+        for row in rows.chunks_exact_mut(width) {
+            l2_norm_heads(&mut row[..n], head, eps);
+        }
+    });
+}
+
+/// The gated RMSNorm of the layer's output: each `w`-wide row of `x` RMSNormed with `w`,
+/// then times SiLU of the same row of `z` (`silu_rows`), rows spread over the pool.
+pub fn gated_rms_norm(x: &mut [f32], w: &[f32], z: &[f32], eps: f32) {
+    let width = w.len();
+    by_rows(x, width, 8, |rows, first| {
+        let mut gate = z[first * width..first * width + rows.len()].to_vec();
+        silu_rows(&mut gate, width);
+        for (row, gate) in rows.chunks_exact_mut(width).zip(gate.chunks_exact(width)) {
+            let scale = rms_scale(row, eps);
+            for ((v, g), z) in row.iter_mut().zip(w).zip(gate) {
+                *v = *v * scale * g * z;
+            }
+        }
+    });
 }
 
 /// `1 / (1 + exp(-x))` with libm's `expf` (`ggml_vec_sigmoid_f32`).
@@ -113,6 +177,28 @@ mod tests {
         let out = conv_step(&mut state, &w, &[4.0, 40.0], 4);
         assert_eq!(out, vec![1.0 + 1.0 + 0.75 + 0.5, 40.0]);
         assert_eq!(state, vec![2.0, 3.0, 4.0, 20.0, 30.0, 40.0]);
+    }
+
+    /// A run's tokens in any order (`conv_token`, then `conv_advance`) give the values
+    /// and the state that `conv_step` gives token by token, runs shorter than the window
+    /// included.
+    #[test]
+    fn conv_run_equals_steps() {
+        let (ch, taps) = (3, 4);
+        let w: Vec<f32> = (0..ch * taps).map(|i| (i as f32 * 0.37).sin()).collect();
+        let wt = taps_first(&w, taps);
+        for n in [1, 2, 5] {
+            let mut serial: Vec<f32> = (0..ch * (taps - 1)).map(|i| (i as f32 * 0.11).cos()).collect();
+            let mut run = serial.clone();
+            let xs: Vec<f32> = (0..ch * n).map(|i| (i as f32 * 0.73).sin() * 3.0).collect();
+            let want: Vec<f32> = xs.chunks_exact(ch).flat_map(|x| conv_step(&mut serial, &w, x, taps)).collect();
+            let mut got = vec![0.0; ch * n];
+            for (j, o) in got.chunks_exact_mut(ch).enumerate().rev() {
+                conv_token(&run, &wt, &xs, j, o);
+            }
+            conv_advance(&mut run, &xs, taps);
+            assert_eq!((got, run), (want, serial), "run of {n}");
+        }
     }
 
     /// With a unit key, the rule writes `v` into the state's column `k` points at

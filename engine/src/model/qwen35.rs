@@ -224,8 +224,7 @@ impl<B: Backend> Qwen35<B> {
             head_dim: hy.head_dim,
             taps: hy.conv_kernel,
         };
-        let [qkv, z] = b.matmul_many(p, [&d.wqkv, &d.wz], h)?;
-        let [mut beta, mut alpha] = b.matmul_many(p, [&d.w_beta, &d.w_alpha], h)?;
+        let [qkv, z, mut beta, mut alpha] = b.matmul_many(p, [&d.wqkv, &d.wz, &d.w_beta, &d.w_alpha], h)?;
         b.delta_gates(&mut beta, &mut alpha, &d.dt_bias, &d.a)?;
         let mut x = b.ssm_conv(p, rows, &qkv, &d.conv, &s)?;
         b.l2_norm_heads(&mut x, (s.channels(), 2 * s.key_dim(), s.head_dim), eps)?;

@@ -9,7 +9,9 @@ use super::hybrid::StateRows;
 use super::ops::RopeSpec;
 use super::tests::{down, gpu, randn, rel_err, rng, up};
 use crate::backend::{DeltaShape, cpu_hybrid};
-use crate::kernels::delta_net::{DeltaStep, conv_step, delta_step, l2_norm_heads, silu_rows};
+use crate::kernels::delta_net::{
+    DeltaStep, conv_step, delta_step, gated_rms_norm, l2_norm_heads, l2_norm_rows, silu_rows,
+};
 use crate::kernels::rope::{RopeStyle, RopeTable};
 use crate::recurrent::{RecurrentShape, RecurrentState};
 
@@ -162,7 +164,7 @@ fn cuda_hybrid_row_ops_match_cpu() {
     let (ch, kd, vh, d, t) = (s.channels(), s.key_dim(), s.v_heads, s.head_dim, 5);
     let x = randn(&mut rng, t * ch, 3.0);
     let mut want = x.clone();
-    cpu_hybrid::l2_norm(&mut want, (ch, 2 * kd, d), 1e-6);
+    l2_norm_rows(&mut want, (ch, 2 * kd, d), 1e-6);
     let mut xd = up(g, &x);
     g.l2_norm_heads(&mut xd, (ch, 2 * kd, d), 1e-6).expect("l2_norm_heads");
     rel_err("l2_norm_heads", &down(g, &xd), &want, ROW_BOUND);
@@ -178,7 +180,7 @@ fn cuda_hybrid_row_ops_match_cpu() {
 
     let (o, z, w) = (randn(&mut rng, t * vh * d, 2.0), randn(&mut rng, t * vh * d, 4.0), randn(&mut rng, d, 1.5));
     let mut want = o.clone();
-    cpu_hybrid::gated_norm(&mut want, &w, &z, 1e-6);
+    gated_rms_norm(&mut want, &w, &z, 1e-6);
     let mut od = up(g, &o);
     g.gated_rms_norm(&mut od, &up(g, &w), &up(g, &z), 1e-6).expect("gated_rms_norm");
     rel_err("gated_rms_norm", &down(g, &od), &want, ROW_BOUND);
