@@ -414,7 +414,7 @@ impl AttnTemperature {
 
 #[cfg(test)]
 mod tests {
-    use super::{Arch, AttnTemperature, RopeScaling};
+    use super::{Arch, AttnTemperature};
 
     #[test]
     fn attention_temperature_is_one_below_the_floor_then_grows_per_floor_step() {

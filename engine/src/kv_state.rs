@@ -63,7 +63,10 @@ impl SeqCache {
             return Ok(());
         }
         let (Some(m), Some(r)) = (self.mirror.as_mut(), self.recurrent.as_mut()) else {
-            return Err(Error::Cuda { op: "settle", reason: "a recurrent state left on the device without a mirror".into() });
+            return Err(Error::Cuda {
+                op: "settle",
+                reason: "a recurrent state left on the device without a mirror".into(),
+            });
         };
         m.data.fetch_state(Arc::make_mut(r))?;
         self.state_on_device = false;

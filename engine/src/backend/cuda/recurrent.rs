@@ -34,7 +34,8 @@ pub(crate) struct DeviceState {
 
 impl MirrorData for DeviceKv {
     fn fetch_state(&mut self, host: &mut RecurrentState) -> Result<()> {
-        let rec = self.rec.as_mut().ok_or_else(|| Error::Cuda { op: "fetch state", reason: "no device state".into() })?;
+        let rec =
+            self.rec.as_mut().ok_or_else(|| Error::Cuda { op: "fetch state", reason: "no device state".into() })?;
         let (conv, ssm) = host.parts_mut();
         let n_conv = conv.len();
         if rec.buf.len() != n_conv + ssm.len() {
@@ -91,7 +92,12 @@ impl Gpu {
     /// After a pass: each row's state stays on the device, newer than the host's.
     pub(crate) fn land_recurrent(&self, rows: &mut [Row<'_>]) -> Result<()> {
         for r in rows.iter_mut().filter(|r| r.cache.recurrent().is_some()) {
-            let rec = r.cache.mirror_mut().as_mut().and_then(|m| m.data.downcast_mut::<DeviceKv>()).and_then(|k| k.rec.as_mut());
+            let rec = r
+                .cache
+                .mirror_mut()
+                .as_mut()
+                .and_then(|m| m.data.downcast_mut::<DeviceKv>())
+                .and_then(|k| k.rec.as_mut());
             let Some(rec) = rec else {
                 return Err(Error::Cuda { op: "land recurrent state", reason: "no device state".into() });
             };
