@@ -334,11 +334,13 @@ fn cuda_verify_rows_equal_decode_steps() {
             logits = gpu.forward(&toks[toks.len() - 1..], &mut c, Logits::Last).expect("decode");
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // The prompt's logits come from prefill's kernels; a verify row starts after it,
+        // with the first sampled token (as `Sequence` drafts): its positions are the
+        // decode steps `want[1..]`.
         for company in [false, true] {
             let mut c = gpu.new_cache();
-            gpu.forward(&prompt[..prompt.len() - 1], &mut c, Logits::None).expect("prefill");
-            let mut row = vec![prompt[prompt.len() - 1]];
-            row.extend_from_slice(&toks[..9]);
+            gpu.forward(&prompt, &mut c, Logits::None).expect("prefill");
+            let row = toks[..9].to_vec();
             let (other_p, other_d) = (tokens(901, 45, vocab), tokens(902, 20, vocab));
             let (mut cp, mut cd) = (gpu.new_cache(), gpu.new_cache());
             gpu.forward(&other_d[..19], &mut cd, Logits::None).expect("prefill");
@@ -350,7 +352,8 @@ fn cuda_verify_rows_equal_decode_steps() {
                 }
                 gpu.forward_batch(&mut rows).expect("verify").swap_remove(0)
             };
-            for (i, (g, w)) in got.chunks_exact(vocab).zip(&want).enumerate() {
+            assert_eq!(got.len(), row.len() * vocab);
+            for (i, (g, w)) in got.chunks_exact(vocab).zip(&want[1..]).enumerate() {
                 assert!(bits(g) == bits(w), "{}: position {i} (company {company}) differs", path.display());
             }
         }
