@@ -175,12 +175,11 @@ impl Model {
     }
 
     /// Whether its sequences may speculate (`crate::speculate`): verifying a draft must
-    /// give exactly the decode steps' logits. Not a hybrid (its state cannot be cut back
-    /// to a rejected draft), and not on the CUDA backend yet: there a verify row's first
-    /// position differed from the decode step on an H100
-    /// (`backend::cuda::tests_model::cuda_verify_rows_equal_decode_steps`).
+    /// give exactly the decode steps' logits — not for a hybrid, whose state cannot be cut
+    /// back to a rejected draft. (On the CUDA backend, verify rows run on the decode
+    /// step's kernels: `backend::cuda::tests_model::cuda_verify_rows_equal_decode_steps`.)
     pub fn speculates(&self) -> bool {
-        !self.recurrent() && self.device == DeviceKind::Cpu
+        !self.recurrent()
     }
 
     /// The recurrent state's shape of a hybrid model (what a cache file's states must match).

@@ -108,11 +108,7 @@ pub fn run(engine: Engine, cfg: ServerConfig, load_ms: u64) -> Result<(), ServeE
     let wcfg = worker::WorkerConfig { ctx: cfg.ctx, max_queue: cfg.max_queue, batch: cfg.batch, kv: kv_budget };
     let worker = worker::Worker::spawn(engine.clone(), cache.clone(), wcfg, stats.clone())?;
     if cfg.defaults.speculate != crate::speculate::Speculate::Off && !engine.model.speculates() {
-        tracing::warn!(
-            device = %engine.model.device().label(),
-            hybrid = engine.model.recurrent(),
-            "--speculate is ignored for this model (docs/speculation.md: not on hybrids, not on CUDA yet)"
-        );
+        tracing::warn!("--speculate is ignored for this model (a hybrid: docs/speculation.md)");
     }
     let model_defaults = model_defaults(&engine);
     let app = Arc::new(app::App {
