@@ -219,14 +219,16 @@ fn reference(engine: &Engine, prompt: &[u32], base: &SeqCache, p: GenerateParams
 
 /// Sequences run together as the scheduler runs them, drafts planned at `DRAFT_COST`:
 /// one alone, or eight in one batch. In a batch every other one re-reads the last 100
-/// tokens of its prompt in 64-token chunks, so prefill rows share passes with verify
-/// rows.
+/// tokens of its prompt (a shorter prompt, all of it) in 64-token chunks, so prefill
+/// rows share passes with verify rows.
 fn run(engine: &Engine, jobs: &[(&[u32], &SeqCache, GenerateParams)]) -> Vec<(Collect, Outcome)> {
     let reread = |i: usize| if jobs.len() > 1 { 100 * (i % 2) } else { 0 };
     let mut seqs: Vec<Sequence> = jobs
         .iter()
         .enumerate()
-        .map(|(i, (p, base, g))| Sequence::new(base.fork(p.len() - 1 - reread(i)), p, g.clone(), 4096).unwrap())
+        .map(|(i, (p, base, g))| {
+            Sequence::new(base.fork((p.len() - 1).saturating_sub(reread(i))), p, g.clone(), 4096).unwrap()
+        })
         .collect();
     let mut obs: Vec<Collect> = jobs.iter().map(|_| Collect::default()).collect();
     while seqs.iter().any(|s| !s.is_done()) {
