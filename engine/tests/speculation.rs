@@ -150,7 +150,8 @@ const DRAFT_COST: f64 = 0.05;
 /// the tokens to generate: enough for an edit's first lines (copied from the prompt,
 /// drafted and accepted) and for a free answer's guesses to be drafted and rejected.
 /// Every token costs a decode step in the run without speculation, the bulk of the
-/// test's time (96/64/32/24 tokens took ~250 s of CPU a model; these ~80 s).
+/// test's time (96/64/32/24 tokens took 200-245 s of CPU a model, these 46-116 s on a
+/// busy 2-core machine: docs/reliability.md, "CI time").
 fn prompts(engine: &Engine) -> Vec<(Vec<u32>, usize, bool)> {
     let chat = |text: &str| engine.chat_prompt(&[ChatMessage::new("user", text)]).unwrap();
     vec![
