@@ -9,7 +9,7 @@
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
-use super::quant::{Job, QuantMatMul};
+use super::quant::{Job, QuantMatMul, Src};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 
@@ -114,11 +114,13 @@ pub fn forward_many<const N: usize>(mats: [&Linear; N], x: &[f32], m: usize) -> 
     Ok(outs.try_into().unwrap_or_else(|_| unreachable!("one output per matrix")))
 }
 
-/// Matrices each against rows of its own (`(w, x, m)`: `w` against `x`, `[m, in_dim]`),
-/// job `i`'s `[m, out_dim]` product written into `outs[i]`: with our own kernels in one
-/// pool call (`QuantMatMul::forward_each`), otherwise one by one. A mixture's experts run
-/// this way, every expert's rows in one barrier.
-pub fn forward_each(jobs: &[(&Linear, &[f32], usize)], outs: &mut [&mut [f32]]) -> Result<()> {
+/// Matrices each against rows of its own (`(w, x, m)`: `w` against the `m` rows `x`, a
+/// slice of their own or rows picked from a shared batch), job `i`'s `[m, out_dim]`
+/// product written into `outs[i]`: with our own kernels in one pool call
+/// (`QuantMatMul::forward_each`, picked rows quantized once for every job that picks
+/// them), otherwise one by one. A mixture's experts run this way, every expert's rows in
+/// one barrier.
+pub(crate) fn forward_each(jobs: &[(&Linear, Src<'_>, usize)], outs: &mut [&mut [f32]]) -> Result<()> {
     let own: Vec<Job<'_>> = jobs
         .iter()
         .filter_map(|&(l, x, m)| match &l.kernel {
@@ -131,7 +133,7 @@ pub fn forward_each(jobs: &[(&Linear, &[f32], usize)], outs: &mut [&mut [f32]]) 
         return Ok(());
     }
     for (&(l, x, m), out) in jobs.iter().zip(outs.iter_mut()) {
-        out.copy_from_slice(&l.forward(x, m)?);
+        out.copy_from_slice(&l.forward(&x.gather(l.in_dim), m)?);
     }
     Ok(())
 }

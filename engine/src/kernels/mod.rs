@@ -19,7 +19,9 @@ pub(crate) mod quant;
 pub mod rope;
 
 pub use attention::{AttnSpec, attention, attention_batch};
-pub use linear::{Embedding, Linear, forward_each, forward_many};
+pub(crate) use linear::forward_each;
+pub use linear::{Embedding, Linear, forward_many};
+pub(crate) use quant::Src;
 
 /// The instructions the CPU's quantized kernels run on this machine (`avx2`,
 /// `avx2+avx512-vnni`, `portable`), for benchmarks and logs.

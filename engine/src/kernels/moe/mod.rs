@@ -14,8 +14,10 @@
 //! The router's matmul is ggml's f32 one for a 16-multiple width (tinyBLAS: 16 FMA lanes,
 //! then GCC's 512-bit reduction). The experts run as matrices of their own, each over the
 //! rows routed to it, all of a layer's experts in one pool call for gate and up and one
-//! for down (the rows stacked by expert: `plan`): ggml's `mul_mat_id` quantizes each activation row as a dense matmul
-//! does and takes the one-row kernel of the format (vec-dot, or the repacked gemv for
+//! for down (the rows grouped by expert: `plan`; gate and up pick each expert's rows from
+//! the layer's input, each input row quantized once for every expert that takes it, as
+//! ggml's `mul_mat_id` quantizes its input once): ggml quantizes each activation row as a
+//! dense matmul does and takes the one-row kernel of the format (vec-dot, or the repacked gemv for
 //! Q4_K), which is what every row of `Linear` computes under the default numerics — so a
 //! row's result does not depend on the rows it is batched with, nor on which of them
 //! share its experts.
@@ -33,7 +35,7 @@ use crate::config::{MoeConfig, MoeKind};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Stored};
 use crate::kernels::ops;
-use crate::kernels::{Linear, forward_each, parallel_for};
+use crate::kernels::{Linear, Src, forward_each, parallel_for};
 use candle_core::quantized::GgmlDType;
 use plan::Plan;
 
@@ -184,16 +186,15 @@ impl Experts {
         slots.into_iter().map(|s| s.into_inner().expect("every row routed")).collect()
     }
 
-    /// The layer's output for the normed rows `x` (`[T][hidden]`). The rows are stacked
+    /// The layer's output for the normed rows `x` (`[T][hidden]`). The rows are grouped
     /// by expert (`plan`); every chosen expert's gate and up matrices then go to the pool
-    /// in one call, and its down matrices in another.
+    /// in one call, on its rows picked from `x`, and its down matrices in another.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>> {
         let h = self.hidden;
         let routes = self.routes(x);
         let chosen: Vec<Vec<usize>> = routes.iter().map(|r| r.iter().map(|&(e, _)| e).collect()).collect();
         let plan = Plan::new(&chosen, self.loaded.len(), self.used);
         let mats = plan.groups.iter().map(|&(e, _)| self.expert(e)).collect::<Result<Vec<_>>>()?;
-        let xs: Vec<f32> = plan.order.iter().flat_map(|&r| &x[r * h..][..h]).copied().collect();
         let w = self.stacks[0].out_dim;
         let n = plan.order.len();
         let (mut gate, mut up) = (vec![0.0f32; n * w], vec![0.0f32; n * w]);
@@ -202,7 +203,7 @@ impl Experts {
         for ((((_, rows), [wg, wu, _]), g), u) in
             plan.groups.iter().zip(&mats).zip(plan.split(&mut gate, w)).zip(plan.split(&mut up, w))
         {
-            let xe = &xs[rows.start * h..rows.end * h];
+            let xe = Src::Picked { x, rows: &plan.order[rows.clone()] };
             jobs.extend([(wg, xe, rows.len()), (wu, xe, rows.len())]);
             outs.extend([g, u]);
         }
@@ -213,7 +214,7 @@ impl Experts {
             .groups
             .iter()
             .zip(&mats)
-            .map(|((_, rows), [_, _, wd])| (wd, &gate[rows.start * w..rows.end * w], rows.len()))
+            .map(|((_, rows), [_, _, wd])| (wd, Src::Rows(&gate[rows.start * w..rows.end * w]), rows.len()))
             .collect();
         forward_each(&jobs, &mut plan.split(&mut down, h))?;
         if let Some([_, _, bd]) = &self.biases {

@@ -177,9 +177,20 @@ pub(super) mod xn {
     // read exactly the 16 or 32 bytes of the fixed-size arrays they are given, stores
     // write an [f32; 8].
 
-    /// Each accumulator's eight lanes in `hsum8`'s order, plus `extra`.
+    /// Each accumulator's eight lanes in `hsum8`'s order, plus `extra`; two to eight of
+    /// them summed side by side (`lanes::hsum8_each`: the same additions, bit for bit).
     #[inline]
     pub(in super::super) fn finish<const N: usize>(acc: [__m256; N], extra: [f32; N]) -> [f32; N] {
+        if (2..=8).contains(&N) {
+            let mut sums = [0.0f32; 8];
+            unsafe {
+                let t = std::array::from_fn(|r| acc.get(r).copied().unwrap_or(_mm256_setzero_ps()));
+                let e: [f32; 8] = std::array::from_fn(|r| extra.get(r).copied().unwrap_or(0.0));
+                let s = _mm256_add_ps(crate::kernels::lanes::hsum8_each(t), _mm256_loadu_ps(e.as_ptr()));
+                _mm256_storeu_ps(sums.as_mut_ptr(), s);
+            }
+            return std::array::from_fn(|r| sums[r]);
+        }
         std::array::from_fn(|r| {
             let mut l = [0.0f32; 8];
             unsafe { _mm256_storeu_ps(l.as_mut_ptr(), acc[r]) };

@@ -19,6 +19,7 @@ mod bf16;
 mod blocks32;
 mod cols;
 mod dot;
+mod each;
 pub(crate) mod isa;
 mod kquants;
 mod krows;
@@ -30,8 +31,6 @@ mod stream;
 mod testing;
 mod tile;
 
-use std::sync::OnceLock;
-
 use candle_core::quantized::GgmlDType;
 
 use crate::gguf::Stored;
@@ -39,7 +38,7 @@ use crate::gguf::Stored;
 use super::parallel_columns_many;
 use crate::error::{Error, Result};
 
-use act::{Q8KSign, QK, quantize_q8_0, quantize_q8_1, quantize_q8_k};
+use act::{Q8KSign, quantize_q8_0, quantize_q8_1, quantize_q8_k};
 use bf16::BlockBf16;
 /// The BF16 kernel's activation rounding, which the CUDA backend reproduces.
 #[cfg(test)]
@@ -50,6 +49,8 @@ use blocks32::{BlockIq4Nl, BlockQ5_1, Iq4NlPath};
 use dot::{BlockQ4_1, BlockQ5_0, BlockQ8_0};
 use kquants::{BlockQ4K, BlockQ6K, Q4KPath};
 use kvec::{BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ5K};
+
+pub(crate) use each::{Job, Src};
 
 enum Weights {
     Q4_1(Vec<BlockQ4_1>),
@@ -64,13 +65,6 @@ enum Weights {
     Iq4Nl(Vec<BlockIq4Nl>, Iq4NlPath),
     Iq4Xs(Vec<BlockIq4Xs>),
     Bf16(Vec<BlockBf16>),
-}
-
-/// One matmul of `QuantMatMul::forward_each`: `w` against `x` (`[m, k]`).
-pub(crate) struct Job<'a> {
-    pub(crate) w: &'a QuantMatMul,
-    pub(crate) x: &'a [f32],
-    pub(crate) m: usize,
 }
 
 pub(crate) struct QuantMatMul {
@@ -186,34 +180,6 @@ impl QuantMatMul {
             mats[i].chunk(&acts[which_acts[i]], m, c, tile)
         });
         outs
-    }
-
-    /// Matrices each against rows of its own (a mixture's experts), in one pool call:
-    /// job `i`'s `[m, n]` product into `outs[i]`. Jobs on the same rows (the same slice)
-    /// share their quantized activations where they take the same format; a row's
-    /// arithmetic is what `forward` of its job alone computes. Each set of activations is
-    /// quantized inside the pool call by the first task that needs it, so quantizing
-    /// one expert's rows overlaps another's matmuls.
-    pub(crate) fn forward_each(jobs: &[Job<'_>], outs: &mut [&mut [f32]]) {
-        // Kernel choices read this thread's numerics: made here, before the pool runs.
-        let mut acts: Vec<(&[f32], usize, ActsKind, OnceLock<Acts>)> = Vec::with_capacity(jobs.len());
-        let mut which_acts = Vec::with_capacity(jobs.len());
-        for j in jobs {
-            debug_assert_eq!(j.x.len(), j.m * j.w.k);
-            let want = j.w.acts_kind(j.m);
-            let same = |(x, _, kind, _): &(&[f32], usize, ActsKind, _)| std::ptr::eq(*x, j.x) && *kind == want;
-            let at = acts.iter().position(same).unwrap_or_else(|| {
-                acts.push((j.x, j.m, want, OnceLock::new()));
-                acts.len() - 1
-            });
-            which_acts.push(at);
-        }
-        let ms: Vec<usize> = jobs.iter().map(|j| j.m).collect();
-        let work = jobs.iter().map(|j| j.m * j.w.n * j.w.k).sum();
-        parallel_columns_many(outs, &ms, COLS, work, |i, c, tile| {
-            let (x, m, kind, a) = &acts[which_acts[i]];
-            jobs[i].w.chunk(a.get_or_init(|| Acts::quantize(*kind, x, *m)), *m, c, tile)
-        });
     }
 
     /// The activation format (and kernel path) this matrix takes for `m` rows.
@@ -457,12 +423,18 @@ impl Acts {
         match kind {
             ActsKind::Q8_0 | ActsKind::Q8_1 => {
                 let a = if kind == ActsKind::Q8_0 { quantize_q8_0(x) } else { quantize_q8_1(x) };
-                let quads = (m >= 4 && isa::vnni()).then(|| tile::Quads::new(&a, m, x.len() / m / QK));
-                Acts::Q8(a, kind, quads)
+                Acts::q8(a, kind, m)
             }
             ActsKind::Q8K { grouped, .. } => Acts::Q8K(q8k_rows_for_q4k(x, m, grouped), kind),
             ActsKind::Bf16 => Acts::Bf16(bf16::acts_bf16(x)),
         }
+    }
+
+    /// Q8_0 / Q8_1 activations of `m` rows, with their scales laid out for the tile
+    /// kernels where those run.
+    fn q8(a: Vec<act::ActQ8>, kind: ActsKind, m: usize) -> Self {
+        let quads = (m >= 4 && isa::vnni()).then(|| tile::Quads::new(&a, m, a.len() / m));
+        Acts::Q8(a, kind, quads)
     }
 
     fn kind(&self) -> ActsKind {

@@ -1,6 +1,7 @@
 //! The matmuls' batch invariance: rows together equal rows alone, and matrices run
 //! together (`forward_each`) equal each run alone.
 
+use super::act::QK;
 use super::*;
 
 /// `n` rows of `k / QK` blocks of `per` bytes each, with small valid f16 scales.
@@ -56,16 +57,55 @@ fn matrices_on_rows_of_their_own_equal_each_alone() {
     let (a, b, c) = (q8(40, 1), q8(16, 2), q8(5, 3));
     let (x1, x2, x3) = (rows(9, k, 1), rows(1, k, 2), rows(6, k, 3));
     let jobs = [
-        Job { w: &a, x: &x1, m: 9 },
-        Job { w: &b, x: &x1, m: 9 },
-        Job { w: &q41, x: &x1, m: 9 },
-        Job { w: &c, x: &x2, m: 1 },
-        Job { w: &a, x: &[], m: 0 },
-        Job { w: &b, x: &x3, m: 6 },
+        Job { w: &a, x: Src::Rows(&x1), m: 9 },
+        Job { w: &b, x: Src::Rows(&x1), m: 9 },
+        Job { w: &q41, x: Src::Rows(&x1), m: 9 },
+        Job { w: &c, x: Src::Rows(&x2), m: 1 },
+        Job { w: &a, x: Src::Rows(&[]), m: 0 },
+        Job { w: &b, x: Src::Rows(&x3), m: 6 },
     ];
     let mut outs: Vec<Vec<f32>> = jobs.iter().map(|j| vec![f32::NAN; j.m * j.w.n]).collect();
     QuantMatMul::forward_each(&jobs, &mut outs.iter_mut().map(Vec::as_mut_slice).collect::<Vec<_>>());
     for (i, (j, got)) in jobs.iter().zip(&outs).enumerate() {
-        assert!(same_bits(&j.w.forward(j.x, j.m), got), "job {i}");
+        assert!(same_bits(&j.w.forward(&j.x.gather(k), j.m), got), "job {i}");
+    }
+}
+
+/// Rows picked from a shared batch (`Src::Picked`: repeated, out of order, none), the
+/// batch quantized once for every job whose format allows it, and Q4_K's grouped rows
+/// (which are quantized by their place in the job's rows) gathered and quantized as a
+/// slice: every output equals its matrix's `forward` of the gathered rows alone.
+#[test]
+fn rows_picked_from_a_batch_equal_the_gathered_rows_alone() {
+    let k = 2 * act::QK_K;
+    let q8 = QuantMatMul::from_bytes("w", Stored::Ggml(GgmlDType::Q8_0), &blocks(k, 24, 34, 1), k, 24).unwrap();
+    let q41 = QuantMatMul::from_bytes("w", Stored::Ggml(GgmlDType::Q4_1), &blocks(k, 17, 20, 2), k, 17).unwrap();
+    // 19 rows of two 144-byte super-blocks, each starting with a small f16 d.
+    let mut b = blocks(k, 19, 18, 3);
+    for blk in b.chunks_exact_mut(144) {
+        // dmin, like d, a small valid f16.
+        let dmin = half::f16::from_f32(0.003 + blk[3] as f32 / 8192.0);
+        blk[2..4].copy_from_slice(&dmin.to_le_bytes());
+    }
+    let q4k = QuantMatMul::from_bytes("w", Stored::Ggml(GgmlDType::Q4K), &b, k, 19).unwrap();
+    let x = rows(10, k, 4);
+    let own = rows(3, k, 5);
+    let (some, run, one): (&[usize], &[usize], &[usize]) = (&[3, 0, 7, 7, 9], &[1, 2, 3, 4, 5, 6], &[8]);
+    let picked = |rows| Src::Picked { x: &x, rows };
+    let jobs = [
+        Job { w: &q8, x: picked(some), m: 5 },
+        Job { w: &q41, x: picked(some), m: 5 },
+        Job { w: &q4k, x: picked(run), m: 6 },
+        Job { w: &q4k, x: picked(one), m: 1 },
+        Job { w: &q8, x: Src::Rows(&own), m: 3 },
+        Job { w: &q8, x: picked(&[]), m: 0 },
+        Job { w: &q41, x: picked(run), m: 6 },
+    ];
+    let mut outs: Vec<Vec<f32>> = jobs.iter().map(|j| vec![f32::NAN; j.m * j.w.n]).collect();
+    QuantMatMul::forward_each(&jobs, &mut outs.iter_mut().map(Vec::as_mut_slice).collect::<Vec<_>>());
+    for (i, (j, got)) in jobs.iter().zip(&outs).enumerate() {
+        let want = j.w.forward(&j.x.gather(k), j.m);
+        assert!(got.iter().all(|v| v.is_finite()), "job {i}");
+        assert!(same_bits(&want, got), "job {i}");
     }
 }
