@@ -9,7 +9,7 @@
 //! both give bit-identical outputs (same items, order and arithmetic; tested), so which
 //! one a row gets never changes its result.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::device::{Gpu, drv};
 use super::formats::type_index;
@@ -88,24 +88,6 @@ const ROWS_X3: [&str; 15] = [
     "gemv3_mxfp4",
 ];
 
-const ONE_ID: [&str; 15] = [
-    "gemv1_id_q4_0",
-    "gemv1_id_q4_1",
-    "gemv1_id_q5_0",
-    "gemv1_id_q8_0",
-    "gemv1_id_q4_k",
-    "gemv1_id_q6_k",
-    "gemv1_id_q5_1",
-    "gemv1_id_iq4_nl",
-    "gemv1_id_q5_k",
-    "gemv1_id_q3_k",
-    "gemv1_id_q2_k",
-    "gemv1_id_iq4_xs",
-    "gemv1_id_f16",
-    "gemv1_id_bf16",
-    "gemv1_id_mxfp4",
-];
-
 /// One matrix of a `gemv3` launch (`Mat` in `gemv.cu`).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -124,14 +106,9 @@ unsafe impl cudarc::driver::DeviceRepr for Mat {}
 
 impl Mat {
     fn of(w: &DeviceWeights, y: u64, s: &cudarc::driver::CudaStream) -> Result<Self> {
-        Self::rows_of(w, w.n, y, s)
-    }
-
-    /// `w` as matrices of `n` rows (a stack of experts: one expert's rows).
-    fn rows_of(w: &DeviceWeights, n: usize, y: u64, s: &cudarc::driver::CudaStream) -> Result<Self> {
         let p = |b: &CudaSlice<u8>| b.device_ptr(s).0;
         let f = |b: &CudaSlice<f32>| b.device_ptr(s).0;
-        Ok(Self { qs: p(&w.qs), d: f(&w.d), m: f(&w.m), aux: p(&w.aux), y, bias: w.bias_ptr(s), n: int(n)? })
+        Ok(Self { qs: p(&w.qs), d: f(&w.d), m: f(&w.m), aux: p(&w.aux), y, bias: w.bias_ptr(s), n: int(w.n)? })
     }
 }
 
@@ -265,63 +242,6 @@ impl Gpu {
             unsafe { b.launch(cfg) }.map_err(drv("gemv3"))?;
             r0 += chunk;
         }
-        Ok(())
-    }
-
-    /// The direct expert GEMV of a decode step's pairs (`gemv1_id_<type>`, no sort): for
-    /// each pair p of `ids` (its expert), `y_i[p] = W_i[ids[p]] . act[p / div]` for one or
-    /// two stacks `W_i` of one format (gate and up share a launch), each a stack of
-    /// `n_i`-row matrices; `y_i` is `[pairs][n_i]`. Each output is the one-row GEMV's.
-    pub(crate) fn gemv1_id(
-        &self,
-        stacks: &mut [(&DeviceWeights, usize, &mut CudaSlice<f32>)],
-        act: &DeviceAct,
-        ids: &CudaSlice<i32>,
-        div: usize,
-    ) -> Result<()> {
-        let pairs = ids.len();
-        shape((1..=2).contains(&stacks.len()) && div > 0 && act.rows * div >= pairs, || {
-            format!("{} stacks, {} activation rows for {pairs} pairs of {div}", stacks.len(), act.rows)
-        })?;
-        let w0 = stacks[0].0;
-        for (w, n, y) in stacks.iter() {
-            shape(w.dtype == w0.dtype && w.k == act.k && *n > 0 && w.n.is_multiple_of(*n), || {
-                format!("a {}-row stack of k = {} as matrices of {n} rows, k = {}", w.n, w.k, act.k)
-            })?;
-            shape(y.len() >= pairs * n, || format!("y has {} values, need {}", y.len(), pairs * n))?;
-        }
-        shape(ActFormat::for_weights(w0.dtype) == Some(act.format), || {
-            format!("{:?} weights with {:?} activations", w0.dtype, act.format)
-        })?;
-        if pairs == 0 {
-            return Ok(());
-        }
-        let f = self.function(&GEMV, ONE_ID[type_index(w0.dtype)?])?;
-        let mut mats = Vec::with_capacity(2);
-        for (w, n, y) in stacks.iter_mut() {
-            let (yp, _) = y.device_ptr_mut(&self.stream);
-            mats.push(Mat::rows_of(w, *n, yp, &self.stream)?);
-        }
-        // No second stack: a matrix of no rows, which no warp selects.
-        let none = Mat { n: 0, ..mats[0] };
-        mats.resize(2, none);
-        let rows: usize = stacks.iter().map(|(_, n, _)| n).sum();
-        let kb = w0.k / act.format.block();
-        let (kbi, ki, di) = (int(kb)?, int(w0.k)?, int(div)?);
-        let cfg = LaunchConfig {
-            grid_dim: (int(pairs)? as u32, int(rows.div_ceil(4))? as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let a = act.rows_from(0);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&mats[0]).arg(&mats[1]);
-        a.push(&mut b);
-        b.arg(&kbi).arg(&ki).arg(ids).arg(&di);
-        // SAFETY: each Mat points at a stack of matrices of n rows of kb blocks, and ids
-        // name experts below the stack's count (the router picks among them); pair p reads
-        // activation row p / div < act.rows and writes row p of y, which holds pairs * n.
-        unsafe { b.launch(cfg) }.map_err(drv("gemv1_id"))?;
         Ok(())
     }
 }

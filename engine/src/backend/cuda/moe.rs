@@ -195,12 +195,6 @@ impl DeviceExperts {
     }
 }
 
-/// The activation format `w`'s kernels take.
-fn act_of(w: &DeviceWeights) -> Result<ActFormat> {
-    ActFormat::for_weights(w.dtype())
-        .ok_or_else(|| Error::Cuda { op: "moe", reason: format!("no activation format for {:?}", w.dtype()) })
-}
-
 /// A pass's runs of rows (`CudaPass::runs`: a range and whether it is a long prefill
 /// chunk's) grouped into maximal ranges of one `ExpertMatmul`: long chunks take the MMQ
 /// where the device has it (`mmq`), everything else the GEMV.
@@ -256,7 +250,8 @@ impl Gpu {
         // Chunks of at most 8 rows of one expert: no more than this many.
         let max_chunks = pairs.div_ceil(8) + experts.min(pairs);
         let s = &self.stream;
-        let (hi, ei, ui, pi, ci) = (int(h)?, int(experts)?, int(used)?, int(pairs)?, int(max_chunks)?);
+        let (ti, hi, ei, ui, pi, ci) =
+            (int(tokens)?, int(h)?, int(experts)?, int(used)?, int(pairs)?, int(max_chunks)?);
         // SAFETY (every alloc): plain integers and floats; each buffer is the output of
         // the next launch, which writes all of it before anything reads it.
         let alloc_i = |n: usize| unsafe { s.alloc::<i32>(n) }.map_err(drv("alloc moe"));
@@ -288,9 +283,6 @@ impl Gpu {
         // SAFETY: logits holds tokens*experts (at most MAX_EXPERTS, the kernel's shared
         // arrays); 1 <= used <= experts; ids and weights hold tokens*used.
         unsafe { b.launch(cfg((tokens, 1), 32)?) }.map_err(drv("moe_pick"))?;
-        if tokens == 1 {
-            return self.moe_direct(x, e, &ids, &weights);
-        }
 
         let (mut pos, mut sorted, mut chunks) = (alloc_i(pairs)?, alloc_i(pairs)?, alloc_i(3 * max_chunks)?);
         let f = self.function(&MOE, "moe_sort")?;
@@ -317,6 +309,10 @@ impl Gpu {
         unsafe { b.launch(blocks_of(pairs * h, 256)?) }.map_err(drv("moe_gather"))?;
 
         let [gate_w, up_w, down_w] = &e.stacks;
+        let act_of = |w: &DeviceWeights| {
+            ActFormat::for_weights(w.dtype())
+                .ok_or_else(|| Error::Cuda { op: "moe", reason: format!("no activation format for {:?}", w.dtype()) })
+        };
         let mut ax = DeviceAct::alloc(self, act_of(gate_w)?, pairs, h)?;
         self.quantize(&xs, &mut ax)?;
         let (mut gate, mut up) = (alloc_f(pairs * width)?, alloc_f(pairs * width)?);
@@ -331,69 +327,12 @@ impl Gpu {
         let mut down = alloc_f(pairs * h)?;
         matmul(down_w, h, &ah, &mut down)?;
 
-        self.moe_sum(&down, Some(&pos), &weights, tokens, used, h)
-    }
-
-    /// `moe` of one token (a decode step): its `used` experts are distinct, so nothing is
-    /// sorted or gathered; its row is quantized once, gate and up share one launch of the
-    /// direct GEMV (`gemv1_id`), and the down outputs stay in slot order. Every value is
-    /// the sorted path's, bit for bit (each row is the one-row GEMV's either way).
-    fn moe_direct(
-        &self,
-        x: &CudaSlice<f32>,
-        e: &DeviceExperts,
-        ids: &CudaSlice<i32>,
-        weights: &CudaSlice<f32>,
-    ) -> Result<CudaSlice<f32>> {
-        let (h, MoeConfig { used, width, .. }) = (e.hidden, e.moe);
-        let (tokens, pairs) = (x.len() / h, ids.len());
-        // SAFETY (every alloc): plain floats, each written whole by the launch it is the
-        // output of before anything reads it.
-        let alloc_f = |n: usize| unsafe { self.stream.alloc::<f32>(n) }.map_err(drv("alloc moe"));
-        let [gate_w, up_w, down_w] = &e.stacks;
-        let mut ax = DeviceAct::alloc(self, act_of(gate_w)?, tokens, h)?;
-        self.quantize(x, &mut ax)?;
-        let (mut gate, mut up) = (alloc_f(pairs * width)?, alloc_f(pairs * width)?);
-        if gate_w.dtype() == up_w.dtype() {
-            self.gemv1_id(&mut [(gate_w, width, &mut gate), (up_w, width, &mut up)], &ax, ids, used)?;
-        } else {
-            self.gemv1_id(&mut [(gate_w, width, &mut gate)], &ax, ids, used)?;
-            let mut au = DeviceAct::alloc(self, act_of(up_w)?, tokens, h)?;
-            self.quantize(x, &mut au)?;
-            self.gemv1_id(&mut [(up_w, width, &mut up)], &au, ids, used)?;
-        }
-        let mut ah = DeviceAct::alloc(self, act_of(down_w)?, pairs, width)?;
-        self.gate_quantize(&gate, &up, e.gate_and_route().0, &mut ah)?;
-        let mut down = alloc_f(pairs * h)?;
-        self.gemv1_id(&mut [(down_w, h, &mut down)], &ah, ids, 1)?;
-        self.moe_sum(&down, None, weights, tokens, used, h)
-    }
-
-    /// Each token's weighted sum of its slots' expert outputs (`moe_sum`): `down` holds a
-    /// row per pair, pair p's at `pos[p]` (sorted), or at p itself without `pos`.
-    fn moe_sum(
-        &self,
-        down: &CudaSlice<f32>,
-        pos: Option<&CudaSlice<i32>>,
-        weights: &CudaSlice<f32>,
-        tokens: usize,
-        used: usize,
-        h: usize,
-    ) -> Result<CudaSlice<f32>> {
-        let s = &self.stream;
-        let pairs = tokens * used;
-        shape(down.len() >= pairs * h && weights.len() >= pairs && pos.is_none_or(|p| p.len() >= pairs), || {
-            format!("{} values for {pairs} pairs of {h}", down.len())
-        })?;
-        // SAFETY: plain floats, all written by the launch below.
-        let mut y = unsafe { s.alloc::<f32>(tokens * h) }.map_err(drv("alloc moe"))?;
-        let pos = pos.map_or(0, |p| p.device_ptr(s).0);
-        let (ti, ui, hi) = (int(tokens)?, int(used)?, int(h)?);
+        let mut y = alloc_f(tokens * h)?;
         let f = self.function(&MOE, "moe_sum")?;
         let mut b = s.launch_builder(&f);
-        b.arg(down).arg(&pos).arg(weights).arg(&ti).arg(&ui).arg(&hi).arg(&mut y);
-        // SAFETY: down holds pairs rows of h and pos (or the identity) names rows below
-        // pairs; weights holds pairs, y tokens*h.
+        b.arg(&down).arg(&pos).arg(&weights).arg(&ti).arg(&ui).arg(&hi).arg(&mut y);
+        // SAFETY: down holds pairs rows of h and pos names rows below pairs; weights
+        // holds pairs, y tokens*h.
         unsafe { b.launch(blocks_of(tokens * h, 256)?) }.map_err(drv("moe_sum"))?;
         Ok(y)
     }

@@ -134,20 +134,17 @@ __device__ __forceinline__ float dot_item(const Args& a, const WItem& w, int it,
     }
 }
 
-// Output row `row` of `a`, its weights (and bias) row `w0 + row` of the matrix (as
-// `gemv_at`'s).
 template <int T>
-__device__ __forceinline__ void gemv1_two_phase(const Args& a, int row, int w0) {
+__device__ __forceinline__ void gemv1_two_phase(const Args& a, int row) {
     const int lane = threadIdx.x & 31;
     if (row >= a.n) return;
-    const int wrow = w0 + row;
     float acc = 0.0f;
     const int items = T == 4 ? a.kb * 8 : T == 5 ? a.kb * 4 : a.kb;
     for (int it0 = lane; it0 < items; it0 += 32 * GEMV_U) {
         WItem w[GEMV_U];
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
-            if (it0 + 32 * u < items) w[u] = load_item<T>(a, wrow, it0 + 32 * u);
+            if (it0 + 32 * u < items) w[u] = load_item<T>(a, row, it0 + 32 * u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
@@ -155,15 +152,15 @@ __device__ __forceinline__ void gemv1_two_phase(const Args& a, int row, int w0) 
         }
     }
     const float s = warp_sum(acc);
-    if (lane == 0) a.y[row] = a.bias ? s + a.bias[wrow] : s;
+    if (lane == 0) a.y[row] = a.bias ? s + a.bias[row] : s;
 }
 
 // The two-phase form for the six formats it was tuned on; the formats added later take
 // `gemv_at` at one row (the same code as their several-row launches, so the same outputs).
 template <int T>
-__device__ __forceinline__ void gemv1_at(const Args& a, int row, int w0 = 0) {
-    if constexpr (T <= 5) gemv1_two_phase<T>(a, row, w0);
-    else gemv_at<T>(a, row, w0);
+__device__ __forceinline__ void gemv1_at(const Args& a, int row) {
+    if constexpr (T <= 5) gemv1_two_phase<T>(a, row);
+    else gemv_at<T>(a, row);
 }
 
 #define GEMV1(NAME, NAME3, T)                                                               \

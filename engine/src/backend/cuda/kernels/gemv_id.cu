@@ -35,39 +35,3 @@ GEMV_ID(gemv_id_iq4_xs, 11)
 GEMV_ID(gemv_id_f16, 12)
 GEMV_ID(gemv_id_bf16, 13)
 GEMV_ID(gemv_id_mxfp4, 14)
-
-// One token's experts (a decode step: `moe.rs`'s direct path, no sort): block x is pair
-// p = token * used + slot, its expert `ids[p]` and its activation row p / div (div = used:
-// the token's own row, quantized once, for gate and up; 1: the pair's own row, for down).
-// Rows past w0.n are w1's (gate and up in one launch; w1.n = 0 when there is one stack);
-// each `Mat`'s n is one expert's rows and its y is `[pairs][n]`. Every output is
-// `gemv1_at`'s arithmetic at one row, bit-identical to `gemv_id`'s for that pair.
-#define GEMV1_ID(NAME, T)                                                                   \
-    extern "C" __global__ void NAME(Mat w0, Mat w1, const i8* aq, const float* ad,          \
-                                    const float* as, const int* abs, int kb, int k,         \
-                                    const int* ids, int div) {                              \
-        const int p = blockIdx.x;                                                           \
-        const size_t r = p / div;                                                           \
-        int row = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);                      \
-        Mat w = w0;                                                                         \
-        if (row >= w0.n) { row -= w0.n; w = w1; }                                           \
-        const Args a = {w.qs, w.d, w.m, w.aux, aq + r * k, ad + r * kb, as + r * kb,        \
-                        abs + r * (k / 16), w.y + (size_t)p * w.n, w.n, kb, 1, w.b};        \
-        gemv1_at<T>(a, row, ids[p] * w.n);                                                  \
-    }
-
-GEMV1_ID(gemv1_id_q4_0, 0)
-GEMV1_ID(gemv1_id_q4_1, 1)
-GEMV1_ID(gemv1_id_q5_0, 2)
-GEMV1_ID(gemv1_id_q8_0, 3)
-GEMV1_ID(gemv1_id_q4_k, 4)
-GEMV1_ID(gemv1_id_q6_k, 5)
-GEMV1_ID(gemv1_id_q5_1, 6)
-GEMV1_ID(gemv1_id_iq4_nl, 7)
-GEMV1_ID(gemv1_id_q5_k, 8)
-GEMV1_ID(gemv1_id_q3_k, 9)
-GEMV1_ID(gemv1_id_q2_k, 10)
-GEMV1_ID(gemv1_id_iq4_xs, 11)
-GEMV1_ID(gemv1_id_f16, 12)
-GEMV1_ID(gemv1_id_bf16, 13)
-GEMV1_ID(gemv1_id_mxfp4, 14)

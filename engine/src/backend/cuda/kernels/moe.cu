@@ -228,7 +228,7 @@ extern "C" __global__ void moe_gather(const float* __restrict__ x, const int* __
 }
 
 // y[t][i] = sum over slots s, in order, of weights[t][s] * out[pos[t * used + s]][i], each
-// product rounded before its add (the CPU's order). pos null: the pairs' own order.
+// product rounded before its add (the CPU's order).
 extern "C" __global__ void moe_sum(const float* __restrict__ out, const int* __restrict__ pos,
                                    const float* __restrict__ weights, int tokens, int used, int hidden,
                                    float* __restrict__ y) {
@@ -238,7 +238,7 @@ extern "C" __global__ void moe_sum(const float* __restrict__ out, const int* __r
     float acc = 0.0f;
     for (int s = 0; s < used; s++) {
         const size_t p = t * used + s;
-        const float v = __fmul_rn(weights[p], out[(size_t)(pos ? pos[p] : (int)p) * hidden + c]);
+        const float v = __fmul_rn(weights[p], out[(size_t)pos[p] * hidden + c]);
         acc = s == 0 ? v : __fadd_rn(acc, v);
     }
     y[i] = acc;
