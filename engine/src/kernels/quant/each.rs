@@ -94,11 +94,12 @@ impl QuantMatMul {
     /// product into `outs[i]`. Jobs on the same rows share their quantized activations
     /// where they take the same format, and picked rows share their batch's (see the
     /// module's notes); a row's arithmetic is what `forward` of its job alone computes.
-    /// Each job's activations are made inside the pool call by the first task that needs
-    /// them, so making one expert's overlaps another's matmuls.
+    /// Each job's activations (and each picked batch's quantization) are made inside the
+    /// pool call by the first task that needs them, so making one expert's overlaps
+    /// another's matmuls.
     pub(crate) fn forward_each(jobs: &[Job<'_>], outs: &mut [&mut [f32]]) {
         // Kernel choices read this thread's numerics: made here, before the pool runs.
-        let mut batches: Vec<(&[f32], ActsKind, Acts)> = Vec::new();
+        let mut batches: Vec<(&[f32], ActsKind, OnceLock<Acts>)> = Vec::new();
         let mut slots: Vec<Slot<'_>> = Vec::with_capacity(jobs.len());
         let mut which = Vec::with_capacity(jobs.len());
         for j in jobs {
@@ -108,7 +109,7 @@ impl QuantMatMul {
                     (Src::Picked { x, .. }, Some(q)) if j.m > 0 => {
                         let found = batches.iter().position(|(b, bq, _)| std::ptr::eq(*b, x) && *bq == q);
                         Some(found.unwrap_or_else(|| {
-                            batches.push((x, q, Acts::quantize(q, x, x.len() / k)));
+                            batches.push((x, q, OnceLock::new()));
                             batches.len() - 1
                         }))
                     }
@@ -124,7 +125,11 @@ impl QuantMatMul {
         parallel_columns_many(outs, &ms, COLS, work, |i, c, tile| {
             let s = &slots[which[i]];
             let a = s.acts.get_or_init(|| match (s.batch, s.x) {
-                (Some(b), Src::Picked { x, rows }) => batches[b].2.pick(x.len() / s.k, rows, s.kind),
+                (Some(b), Src::Picked { x, rows }) => {
+                    let (_, q, acts) = &batches[b];
+                    let t = x.len() / s.k;
+                    acts.get_or_init(|| Acts::quantize(*q, x, t)).pick(t, rows, s.kind)
+                }
                 _ => Acts::quantize(s.kind, &s.x.gather(s.k), s.m),
             });
             jobs[i].w.chunk(a, s.m, c, tile)
